@@ -1,0 +1,265 @@
+//! Pure planners: `plan(request) -> Schedule`. No I/O, no clock.
+//!
+//! A [`Schedule`] is plain data: for one rank, an ordered list of [`Round`]s. Within a
+//! round, local steps ([`Step::Copy`]) run first in order, then every transfer of the
+//! round proceeds concurrently; the round ends when all of its transfers completed.
+//! Transfers between one ordered pair of ranks are matched in order, and a message
+//! sent in round `t` is always received in round `t` of the receiver (the checker in
+//! [`check`] enforces this), which is what makes any schedule deadlock-free on links
+//! with bounded buffering.
+//!
+//! Steps say *what* moves, not *how*: the executor decides whether a receive lands
+//! in a staging chunk or straight in place, and how a long transfer is pipelined.
+
+pub mod check;
+mod collectives;
+pub mod ring;
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::types::OpKind;
+
+/// One of the operation's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BufId {
+    /// The caller's input (aliases `Output` for in-place calls).
+    Input,
+    /// The caller's output.
+    Output,
+    /// Executor-owned scratch of `Schedule::scratch_bytes` bytes.
+    Scratch,
+}
+
+/// A byte range of one buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    /// Which buffer.
+    pub buf: BufId,
+    /// Byte offset.
+    pub offset: usize,
+    /// Byte length.
+    pub len: usize,
+}
+
+impl Region {
+    /// A region of `buf` from `offset`, `len` bytes long.
+    pub const fn new(buf: BufId, offset: usize, len: usize) -> Region {
+        Region { buf, offset, len }
+    }
+    /// One past the last byte.
+    pub const fn end(&self) -> usize {
+        self.offset + self.len
+    }
+    /// Whether two regions share a byte (same buffer, overlapping ranges).
+    pub fn overlaps(&self, other: &Region) -> bool {
+        self.buf == other.buf && self.offset < other.end() && other.offset < self.end() && self.len > 0 && other.len > 0
+    }
+}
+
+/// One step of a schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Send the bytes of `src` to `peer`.
+    Send {
+        /// Destination rank.
+        peer: usize,
+        /// What to send.
+        src: Region,
+    },
+    /// Receive `dst.len` bytes from `peer` into `dst`.
+    Recv {
+        /// Source rank.
+        peer: usize,
+        /// Where the bytes land.
+        dst: Region,
+    },
+    /// Receive `dst.len` bytes from `peer` and store `src ⊕ received` into `dst`
+    /// (`src` may equal `dst`; both have the same length).
+    RecvReduce {
+        /// Source rank.
+        peer: usize,
+        /// Local operand.
+        src: Region,
+        /// Result.
+        dst: Region,
+    },
+    /// `dst = dst ⊕ src` locally (same length, no overlap). Lets a planner fix the
+    /// order of a reduction so every rank computes bitwise-identical results.
+    Reduce {
+        /// Operand.
+        src: Region,
+        /// Accumulator and result.
+        dst: Region,
+    },
+    /// Copy `src` into `dst` locally (same length; the executor skips it when both
+    /// name the same memory, as in-place calls do).
+    Copy {
+        /// From.
+        src: Region,
+        /// To.
+        dst: Region,
+    },
+}
+
+impl Step {
+    /// The peer of a transfer step, None for local steps.
+    pub fn peer(&self) -> Option<usize> {
+        match *self {
+            Step::Send { peer, .. } | Step::Recv { peer, .. } | Step::RecvReduce { peer, .. } => Some(peer),
+            Step::Copy { .. } | Step::Reduce { .. } => None,
+        }
+    }
+}
+
+/// Steps that run together.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    /// The steps, local ones first.
+    pub steps: Vec<Step>,
+}
+
+/// Which algorithm a schedule implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Ring (reduce-scatter then all-gather for all-reduce).
+    Ring,
+    /// Every rank exchanges its whole buffer with every other rank in one round
+    /// (lowest latency for small messages).
+    Direct,
+    /// Pipelined chain (broadcast, reduce).
+    Chain,
+    /// Binomial tree (broadcast, reduce).
+    Tree,
+    /// Dissemination (barrier).
+    Dissemination,
+    /// Pairwise exchange (all-to-all).
+    Pairwise,
+}
+
+impl Algorithm {
+    /// Lower-case name as accepted by `BRAID_ALGO` and `--algo`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Direct => "direct",
+            Algorithm::Chain => "chain",
+            Algorithm::Tree => "tree",
+            Algorithm::Dissemination => "dissemination",
+            Algorithm::Pairwise => "pairwise",
+        }
+    }
+    /// All algorithms.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Ring,
+        Algorithm::Direct,
+        Algorithm::Chain,
+        Algorithm::Tree,
+        Algorithm::Dissemination,
+        Algorithm::Pairwise,
+    ];
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.to_ascii_lowercase();
+        Algorithm::ALL
+            .iter()
+            .copied()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| format!("unknown algorithm `{s}` (expected ring, direct, chain, tree, dissemination, pairwise or auto)"))
+    }
+}
+
+/// What to plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanRequest {
+    /// The collective.
+    pub op: OpKind,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Element count as in [`crate::types::CallSig::count`].
+    pub count: usize,
+    /// Bytes per element; every region boundary is a multiple of it.
+    pub elem_size: usize,
+    /// Root for broadcast and reduce.
+    pub root: usize,
+    /// Algorithm; None picks a default by op and size.
+    pub algorithm: Option<Algorithm>,
+}
+
+impl PlanRequest {
+    /// Bytes of the `Input` buffer this op expects on this rank.
+    pub fn input_bytes(&self) -> usize {
+        let c = self.count * self.elem_size;
+        match self.op {
+            OpKind::ReduceScatter | OpKind::AllToAll => c * self.world,
+            OpKind::Barrier => 0,
+            _ => c,
+        }
+    }
+    /// Bytes of the `Output` buffer this op expects on this rank.
+    pub fn output_bytes(&self) -> usize {
+        let c = self.count * self.elem_size;
+        match self.op {
+            OpKind::AllGather | OpKind::AllToAll => c * self.world,
+            OpKind::Barrier => 0,
+            _ => c,
+        }
+    }
+}
+
+/// A plan for one rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// The algorithm it implements.
+    pub algorithm: Algorithm,
+    /// The rounds, in order.
+    pub rounds: Vec<Round>,
+    /// Scratch bytes the executor must provide.
+    pub scratch_bytes: usize,
+    /// Output regions to finalise with the reduce op (e.g. divide by world size for
+    /// `Avg`) after the last round. Empty for non-reducing ops.
+    pub finalize: Vec<Region>,
+}
+
+impl Schedule {
+    /// Number of transfer steps (sends plus receives) across all rounds.
+    pub fn transfer_steps(&self) -> usize {
+        self.rounds.iter().flat_map(|r| &r.steps).filter(|s| s.peer().is_some()).count()
+    }
+    /// Bytes this rank sends in total.
+    pub fn bytes_sent(&self) -> usize {
+        self.rounds
+            .iter()
+            .flat_map(|r| &r.steps)
+            .map(|s| if let Step::Send { src, .. } = s { src.len } else { 0 })
+            .sum()
+    }
+}
+
+/// Which algorithms apply to an op, best default first.
+pub fn algorithms_for(op: OpKind) -> &'static [Algorithm] {
+    match op {
+        OpKind::AllReduce => &[Algorithm::Ring, Algorithm::Direct],
+        OpKind::AllGather | OpKind::ReduceScatter => &[Algorithm::Ring, Algorithm::Direct],
+        OpKind::Broadcast | OpKind::Reduce => &[Algorithm::Chain, Algorithm::Tree],
+        OpKind::Barrier => &[Algorithm::Dissemination],
+        OpKind::AllToAll => &[Algorithm::Pairwise],
+        OpKind::Send | OpKind::Recv => &[],
+    }
+}
+
+/// Plan `req` for its rank. Errors when the algorithm does not implement the op.
+pub fn plan(req: &PlanRequest) -> Result<Schedule, String> {
+    collectives::plan(req)
+}

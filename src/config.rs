@@ -1,0 +1,252 @@
+//! One typed configuration, read once from the environment (or built in code).
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK` | who this process is |
+//! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT` or `file:///PATH` |
+//! | `BRAID_ALGO` | force an algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto` |
+//! | `BRAID_TRANSPORTS` | comma list restricting transports (`tcp`, `inproc`) |
+//! | `BRAID_SOCKET_IFNAME` | interfaces for TCP, NCCL syntax: `eth`, `^docker`, `=eth0` |
+//! | `BRAID_TIMEOUT` | deadline of every wait: `30`, `500ms`, `5m` (default 60 s) |
+//! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |
+//! | `BRAID_JOB_KEY` | shared secret proven when peers connect |
+//!
+//! When `BRAID_RANK` is absent, launchers are recognised: torchrun (`RANK`,
+//! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
+//! (`OMPI_COMM_WORLD_*`) and Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`).
+
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::error::{Error, Result};
+use crate::transport::TransportKind;
+
+/// Default deadline for every blocking wait.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Everything a communicator needs to know before it connects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// This rank, `0..world_size`.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rank among the ranks of this host, when a launcher says so.
+    pub local_rank: Option<usize>,
+    /// Store URL (`tcp://HOST:PORT`, `file:///PATH`).
+    pub store: Option<String>,
+    /// Forced algorithm, None for automatic choice.
+    pub algorithm: Option<Algorithm>,
+    /// Allowed transports, None for all.
+    pub transports: Option<Vec<TransportKind>>,
+    /// TCP interface filter in NCCL syntax.
+    pub socket_ifname: Option<String>,
+    /// Deadline for every blocking wait.
+    pub timeout: Duration,
+    /// Log filter.
+    pub debug: Option<String>,
+    /// Shared job secret.
+    pub job_key: Option<String>,
+    /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `code`).
+    pub launcher: &'static str,
+}
+
+impl Config {
+    /// A configuration for `rank` of `world_size` with every other knob at its default.
+    pub fn new(rank: usize, world_size: usize) -> Config {
+        Config {
+            rank,
+            world_size,
+            local_rank: None,
+            store: None,
+            algorithm: None,
+            transports: None,
+            socket_ifname: None,
+            timeout: DEFAULT_TIMEOUT,
+            debug: None,
+            job_key: None,
+            launcher: "code",
+        }
+    }
+
+    /// Read the process environment.
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Read configuration through `get` (the environment, or a map in tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let num = |name: &str| -> Result<Option<usize>> {
+            match get(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .trim()
+                    .parse::<usize>()
+                    .map(Some)
+                    .map_err(|_| Error::Config(format!("{name}=`{v}` is not a non-negative integer"))),
+            }
+        };
+        let (rank, world, local, store, launcher) = if let Some(rank) = num("BRAID_RANK")? {
+            let world = num("BRAID_WORLD_SIZE")?
+                .ok_or_else(|| Error::Config("BRAID_RANK is set but BRAID_WORLD_SIZE is not".into()))?;
+            (rank, world, num("BRAID_LOCAL_RANK")?, get("BRAID_STORE"), "braid")
+        } else if let Some(rank) = num("RANK")? {
+            let world =
+                num("WORLD_SIZE")?.ok_or_else(|| Error::Config("RANK is set but WORLD_SIZE is not".into()))?;
+            let store = get("BRAID_STORE").or_else(|| match (get("MASTER_ADDR"), get("MASTER_PORT")) {
+                (Some(a), Some(p)) => Some(format!("tcp://{a}:{p}")),
+                _ => None,
+            });
+            (rank, world, num("LOCAL_RANK")?, store, "torchrun")
+        } else if let Some(rank) = num("OMPI_COMM_WORLD_RANK")? {
+            let world = num("OMPI_COMM_WORLD_SIZE")?
+                .ok_or_else(|| Error::Config("OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not".into()))?;
+            (rank, world, num("OMPI_COMM_WORLD_LOCAL_RANK")?, get("BRAID_STORE"), "mpi")
+        } else if let Some(rank) = num("SLURM_PROCID")? {
+            let world = num("SLURM_NTASKS")?
+                .ok_or_else(|| Error::Config("SLURM_PROCID is set but SLURM_NTASKS is not".into()))?;
+            (rank, world, num("SLURM_LOCALID")?, get("BRAID_STORE"), "slurm")
+        } else {
+            return Err(Error::Config(
+                "no rank in the environment: set BRAID_RANK and BRAID_WORLD_SIZE, or start under `braid run`, torchrun, mpirun or srun".into(),
+            ));
+        };
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!("rank {rank} is not below world size {world}")));
+        }
+        let mut cfg = Config::new(rank, world);
+        cfg.local_rank = local;
+        cfg.store = store;
+        cfg.launcher = launcher;
+        if let Some(a) = get("BRAID_ALGO") {
+            if !a.eq_ignore_ascii_case("auto") && !a.is_empty() {
+                cfg.algorithm = Some(a.parse().map_err(|e| Error::Config(format!("BRAID_ALGO: {e}")))?);
+            }
+        }
+        if let Some(t) = get("BRAID_TRANSPORTS") {
+            let list = t
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty() && !s.eq_ignore_ascii_case("auto"))
+                .map(|s| s.parse().map_err(|e| Error::Config(format!("BRAID_TRANSPORTS: {e}"))))
+                .collect::<Result<Vec<TransportKind>>>()?;
+            if !list.is_empty() {
+                cfg.transports = Some(list);
+            }
+        }
+        cfg.socket_ifname = get("BRAID_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        if let Some(t) = get("BRAID_TIMEOUT") {
+            cfg.timeout = parse_duration(&t).map_err(|e| Error::Config(format!("BRAID_TIMEOUT: {e}")))?;
+        }
+        cfg.debug = get("BRAID_DEBUG").filter(|s| !s.is_empty());
+        cfg.job_key = get("BRAID_JOB_KEY").filter(|s| !s.is_empty());
+        Ok(cfg)
+    }
+}
+
+/// Parse a duration: plain seconds (`30`, `2.5`) or a number with a unit
+/// (`ms`, `s`, `m`, `h`).
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().map_err(|_| format!("`{text}` is not a duration (try 30, 500ms, 5m)"))?;
+    let secs = match unit.trim() {
+        "" | "s" | "sec" | "secs" => value,
+        "ms" => value / 1e3,
+        "us" => value / 1e6,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        u => return Err(format!("unknown unit `{u}` in `{text}` (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("`{text}` must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parse a byte size with optional K/M/G suffix (powers of 1024): `4096`, `1K`, `16M`.
+pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
+    let t = text.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('B') => return parse_size(&t[..t.len() - 1]),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("`{text}` is not a size (try 4096, 1K, 16M, 1G)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("3 days").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1K").unwrap(), 1024);
+        assert_eq!(parse_size("16M").unwrap(), 16 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn braid_env() {
+        let c = cfg(&[
+            ("BRAID_RANK", "2"),
+            ("BRAID_WORLD_SIZE", "4"),
+            ("BRAID_STORE", "tcp://h:1"),
+            ("BRAID_TIMEOUT", "250ms"),
+            ("BRAID_ALGO", "ring"),
+            ("BRAID_TRANSPORTS", "tcp"),
+        ])
+        .unwrap();
+        assert_eq!((c.rank, c.world_size, c.launcher), (2, 4, "braid"));
+        assert_eq!(c.store.as_deref(), Some("tcp://h:1"));
+        assert_eq!(c.timeout, Duration::from_millis(250));
+        assert_eq!(c.algorithm, Some(Algorithm::Ring));
+        assert_eq!(c.transports, Some(vec![TransportKind::Tcp]));
+    }
+
+    #[test]
+    fn launchers() {
+        let t = cfg(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")]).unwrap();
+        assert_eq!((t.rank, t.launcher), (1, "torchrun"));
+        assert_eq!(t.store.as_deref(), Some("tcp://10.0.0.1:29500"));
+        let m = cfg(&[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")])
+            .unwrap();
+        assert_eq!((m.rank, m.world_size, m.local_rank, m.launcher), (3, 8, Some(1), "mpi"));
+        let s = cfg(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]).unwrap();
+        assert_eq!(s.launcher, "slurm");
+    }
+
+    #[test]
+    fn bad_env_is_a_clear_error() {
+        assert!(cfg(&[]).unwrap_err().to_string().contains("BRAID_RANK"));
+        assert!(cfg(&[("BRAID_RANK", "4"), ("BRAID_WORLD_SIZE", "4")]).unwrap_err().to_string().contains("below"));
+        assert!(cfg(&[("BRAID_RANK", "x"), ("BRAID_WORLD_SIZE", "4")]).is_err());
+        assert!(cfg(&[("BRAID_RANK", "0"), ("BRAID_WORLD_SIZE", "1"), ("BRAID_ALGO", "magic")]).is_err());
+    }
+}

@@ -1,0 +1,131 @@
+//! The one error type. Every variant that arises inside an operation names the
+//! rank that saw it, the peer involved, the operation and its sequence number.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::types::CallSig;
+
+/// Where in a job an error happened: which rank, running which call, number `seq`
+/// in this communicator's order of collectives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpContext {
+    /// The rank that reports the error.
+    pub rank: usize,
+    /// The call it was running (None outside any call, e.g. during setup).
+    pub call: Option<CallSig>,
+    /// Sequence number of that call in the communicator (collectives) or on the link (send/recv).
+    pub seq: u64,
+}
+
+impl fmt::Display for OpContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.call {
+            Some(c) => write!(f, "rank {} in {} #{}", self.rank, c, self.seq),
+            None => write!(f, "rank {} (setup)", self.rank),
+        }
+    }
+}
+
+/// Every error braid returns.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A caller passed an argument that cannot work (sizes, ranks, dtypes).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Configuration (environment or builder) is missing or malformed.
+    #[error("configuration: {0}")]
+    Config(String),
+
+    /// Two ranks issued different calls at the same point of their sequences.
+    #[error("{ctx}: mismatched collective calls: this rank called {ours}, rank {peer} called {theirs} (#{their_seq})")]
+    Mismatch {
+        /// Where it was detected.
+        ctx: OpContext,
+        /// The other rank.
+        peer: usize,
+        /// This rank's call.
+        ours: CallSig,
+        /// The peer's call.
+        theirs: CallSig,
+        /// The peer's sequence number.
+        their_seq: u64,
+    },
+
+    /// A peer closed its connection or its process died.
+    #[error("{ctx}: peer rank {peer} is gone ({detail})")]
+    PeerLost {
+        /// Where it was detected.
+        ctx: OpContext,
+        /// The rank that disappeared.
+        peer: usize,
+        /// What the transport saw (EOF, connection reset, ...).
+        detail: String,
+    },
+
+    /// A peer failed and told us why before stopping.
+    #[error("{ctx}: aborted because rank {peer} failed: {reason}")]
+    PeerAborted {
+        /// Where it was detected.
+        ctx: OpContext,
+        /// The rank that sent the abort.
+        peer: usize,
+        /// The error that rank reported.
+        reason: String,
+    },
+
+    /// A wait passed its deadline.
+    #[error("{ctx}: timed out after {timeout:?} waiting for rank(s) {waiting_on:?}")]
+    Timeout {
+        /// Where it was detected.
+        ctx: OpContext,
+        /// The configured timeout.
+        timeout: Duration,
+        /// The ranks that had not delivered or accepted data.
+        waiting_on: Vec<usize>,
+    },
+
+    /// A peer sent bytes that are not a valid braid frame.
+    #[error("{ctx}: protocol error from rank {peer}: {detail}")]
+    Protocol {
+        /// Where it was detected.
+        ctx: OpContext,
+        /// The sender.
+        peer: usize,
+        /// What was wrong.
+        detail: String,
+    },
+
+    /// A key-value store operation failed (rendezvous).
+    #[error("store: {0}")]
+    Store(String),
+
+    /// Operating-system I/O error outside a collective (binding, connecting, spawning).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The communicator failed earlier and can no longer be used.
+    #[error("communicator is broken by an earlier error: {0}")]
+    Broken(String),
+
+    /// The operation or transport is not available in this build or on this machine.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+impl Error {
+    /// Wrap an I/O error with a description of what was being done.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io { what: what.into(), source }
+    }
+}
+
+/// braid's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,70 @@
+//! Links: one per peer, each a reliable ordered byte stream driven without
+//! blocking. The executor frames messages on top and decides how to wait.
+//!
+//! A transport provides `try_write` / `try_read` that never block, plus a way to
+//! wait for readiness (a pollable file descriptor, or nothing, in which case the
+//! executor spins, yields and then sleeps briefly).
+
+pub mod loopback;
+pub mod tcp;
+
+use std::fmt;
+use std::io;
+use std::os::fd::RawFd;
+use std::str::FromStr;
+
+/// The kind of a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Threads of one process, through in-memory rings.
+    InProcess,
+    /// TCP sockets.
+    Tcp,
+}
+
+impl TransportKind {
+    /// Lower-case name (`inproc`, `tcp`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            TransportKind::InProcess => "inproc",
+            TransportKind::Tcp => "tcp",
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "inproc" | "in-process" | "loopback" | "threads" => Ok(TransportKind::InProcess),
+            "tcp" => Ok(TransportKind::Tcp),
+            other => Err(format!("unknown transport `{other}` (expected tcp or inproc)")),
+        }
+    }
+}
+
+/// A bidirectional byte stream to one peer.
+///
+/// Both calls are non-blocking. `try_read` returns `Ok(0)` when no byte is
+/// available yet and an error of kind `UnexpectedEof` when the peer closed the
+/// stream; `try_write` returns `Ok(0)` when the stream cannot take more now.
+pub trait Link: Send {
+    /// The peer's rank.
+    fn peer(&self) -> usize;
+    /// What carries the bytes.
+    fn kind(&self) -> TransportKind;
+    /// Write a prefix of the concatenation of `bufs`; returns how many bytes were taken.
+    fn try_write(&mut self, bufs: &[&[u8]]) -> io::Result<usize>;
+    /// Read up to `buf.len()` bytes.
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// A descriptor that polls readable/writable with the stream, if the transport has one.
+    fn poll_fd(&self) -> Option<RawFd>;
+    /// Stop sending: the peer reads end-of-stream after the bytes already written.
+    fn close(&mut self);
+}

@@ -1,0 +1,336 @@
+//! Element types and reduction operators.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Element type of a buffer, as carried on the wire and across the C ABI.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32 = 0,
+    /// 64-bit IEEE float.
+    F64 = 1,
+    /// 16-bit IEEE float (`half::f16`).
+    F16 = 2,
+    /// bfloat16 (`half::bf16`).
+    BF16 = 3,
+    /// Signed 8-bit integer.
+    I8 = 4,
+    /// Unsigned 8-bit integer.
+    U8 = 5,
+    /// Signed 32-bit integer.
+    I32 = 6,
+    /// Signed 64-bit integer.
+    I64 = 7,
+}
+
+impl DType {
+    /// Every dtype, in wire-code order.
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::BF16 => 2,
+            DType::I8 | DType::U8 => 1,
+        }
+    }
+
+    /// Short lower-case name used by the CLI and in reports (`f32`, `bf16`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+        }
+    }
+
+    /// Decode a wire code.
+    pub fn from_code(code: u8) -> Option<DType> {
+        DType::ALL.get(code as usize).copied()
+    }
+
+    /// Whether the type is a floating-point type.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.to_ascii_lowercase();
+        let alias = match s.as_str() {
+            "float" | "float32" => "f32",
+            "double" | "float64" => "f64",
+            "half" | "float16" => "f16",
+            "bfloat16" => "bf16",
+            "int8" => "i8",
+            "uint8" => "u8",
+            "int" | "int32" => "i32",
+            "int64" => "i64",
+            other => other,
+        };
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.name() == alias)
+            .ok_or_else(|| format!("unknown dtype `{s}` (expected one of f32 f64 f16 bf16 i8 u8 i32 i64)"))
+    }
+}
+
+/// Reduction operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReduceOp {
+    /// Sum (integers wrap on overflow).
+    Sum = 0,
+    /// Product (integers wrap on overflow).
+    Prod = 1,
+    /// Minimum.
+    Min = 2,
+    /// Maximum.
+    Max = 3,
+    /// Sum divided by the world size (integers: truncating division).
+    Avg = 4,
+}
+
+impl ReduceOp {
+    /// Every operator, in wire-code order.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
+    /// Short lower-case name (`sum`, `prod`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
+        }
+    }
+
+    /// Decode a wire code.
+    pub fn from_code(code: u8) -> Option<ReduceOp> {
+        ReduceOp::ALL.get(code as usize).copied()
+    }
+
+    /// The operator applied pairwise while data moves: `Avg` accumulates as `Sum`
+    /// and divides once at the end.
+    pub const fn combiner(self) -> ReduceOp {
+        match self {
+            ReduceOp::Avg => ReduceOp::Sum,
+            other => other,
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ReduceOp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.to_ascii_lowercase();
+        let alias = match s.as_str() {
+            "product" => "prod",
+            "mean" | "average" => "avg",
+            other => other,
+        };
+        ReduceOp::ALL
+            .iter()
+            .copied()
+            .find(|o| o.name() == alias)
+            .ok_or_else(|| format!("unknown reduce op `{s}` (expected one of sum prod min max avg)"))
+    }
+}
+
+/// A Rust element type that braid can move and reduce.
+///
+/// Implemented for `f32 f64 half::f16 half::bf16 i8 u8 i32 i64`.
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {
+    /// The wire dtype of this element type.
+    const DTYPE: DType;
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => { $(impl Element for $t { const DTYPE: DType = DType::$d; })* };
+}
+element!(f32 => F32, f64 => F64, half::f16 => F16, half::bf16 => BF16, i8 => I8, u8 => U8, i32 => I32, i64 => I64);
+
+/// The collective (or point-to-point) operation a call performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum OpKind {
+    /// All-reduce.
+    AllReduce = 0,
+    /// Broadcast from a root.
+    Broadcast = 1,
+    /// All-gather.
+    AllGather = 2,
+    /// Reduce-scatter.
+    ReduceScatter = 3,
+    /// Reduce to a root.
+    Reduce = 4,
+    /// Barrier.
+    Barrier = 5,
+    /// All-to-all.
+    AllToAll = 6,
+    /// Point-to-point send (seen from the sender).
+    Send = 7,
+    /// Point-to-point receive (seen from the receiver).
+    Recv = 8,
+}
+
+impl OpKind {
+    /// Every op kind, in wire-code order.
+    pub const ALL: [OpKind; 9] = [
+        OpKind::AllReduce,
+        OpKind::Broadcast,
+        OpKind::AllGather,
+        OpKind::ReduceScatter,
+        OpKind::Reduce,
+        OpKind::Barrier,
+        OpKind::AllToAll,
+        OpKind::Send,
+        OpKind::Recv,
+    ];
+
+    /// Hyphenated name as used by the CLI (`all-reduce`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            OpKind::AllReduce => "all-reduce",
+            OpKind::Broadcast => "broadcast",
+            OpKind::AllGather => "all-gather",
+            OpKind::ReduceScatter => "reduce-scatter",
+            OpKind::Reduce => "reduce",
+            OpKind::Barrier => "barrier",
+            OpKind::AllToAll => "all-to-all",
+            OpKind::Send => "send",
+            OpKind::Recv => "recv",
+        }
+    }
+
+    /// Decode a wire code.
+    pub fn from_code(code: u8) -> Option<OpKind> {
+        OpKind::ALL.get(code as usize).copied()
+    }
+
+    /// Whether the op reduces data (and so carries a reduce op in its signature).
+    pub const fn reduces(self) -> bool {
+        matches!(self, OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce)
+    }
+
+    /// Whether the op has a root rank.
+    pub const fn rooted(self) -> bool {
+        matches!(self, OpKind::Broadcast | OpKind::Reduce)
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for OpKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let norm: String = s.to_ascii_lowercase().chars().filter(|c| *c != '-' && *c != '_').collect();
+        OpKind::ALL
+            .iter()
+            .copied()
+            .find(|o| o.name().replace('-', "") == norm)
+            .ok_or_else(|| {
+                format!("unknown op `{s}` (expected all-reduce, all-gather, reduce-scatter, broadcast, reduce, all-to-all or barrier)")
+            })
+    }
+}
+
+/// The signature of one call: what every rank must agree on. It travels in every
+/// wire frame so that ranks issuing different calls fail with an error naming both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallSig {
+    /// The operation.
+    pub op: OpKind,
+    /// Element type.
+    pub dtype: DType,
+    /// Element count per rank as defined by the op (all-reduce: buffer length;
+    /// all-gather: input length; reduce-scatter: output length; all-to-all: per-peer block).
+    pub count: u64,
+    /// Root rank for rooted ops, peer rank for send/recv, otherwise 0.
+    pub root: u32,
+    /// Reduce op for reducing ops, otherwise `Sum`.
+    pub reduce_op: ReduceOp,
+}
+
+impl CallSig {
+    /// A signature with the fields that do not apply to `op` normalised, so that
+    /// ranks compare only what matters.
+    pub fn new(op: OpKind, dtype: DType, count: u64, root: u32, reduce_op: ReduceOp) -> CallSig {
+        CallSig {
+            op,
+            dtype,
+            count,
+            root: if op.rooted() || matches!(op, OpKind::Send | OpKind::Recv) { root } else { 0 },
+            reduce_op: if op.reduces() { reduce_op } else { ReduceOp::Sum },
+        }
+    }
+
+    /// Whether a frame sent under `theirs` is what a call `self` expects. A send
+    /// matches a receive with the same dtype and count.
+    pub fn matches(&self, theirs: &CallSig) -> bool {
+        match (self.op, theirs.op) {
+            (OpKind::Recv, OpKind::Send) => self.dtype == theirs.dtype && self.count == theirs.count,
+            _ => self == theirs,
+        }
+    }
+}
+
+impl fmt::Display for CallSig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}(dtype={}, count={}", self.op, self.dtype, self.count)?;
+        if self.op.rooted() {
+            write!(f, ", root={}", self.root)?;
+        }
+        if matches!(self.op, OpKind::Send | OpKind::Recv) {
+            write!(f, ", peer={}", self.root)?;
+        }
+        if self.op.reduces() {
+            write!(f, ", op={}", self.reduce_op)?;
+        }
+        f.write_str(")")
+    }
+}
