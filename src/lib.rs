@@ -35,12 +35,16 @@
 
 pub mod algorithm;
 pub mod bootstrap;
+pub mod comm;
 pub mod config;
 pub mod error;
+pub mod executor;
+pub mod frame;
 pub mod reduce;
 pub mod transport;
 pub mod types;
 
+pub use comm::{Communicator, CommunicatorBuilder, Work};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use types::{CallSig, DType, Element, OpKind, ReduceOp};

@@ -1,0 +1,425 @@
+//! `braid perf`: an nccl-tests-style sweep. Inputs are small integers, so every
+//! result is exact whatever the reduction order and `--check` compares bit for bit.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use braid::config::parse_size;
+use braid::transport::TransportKind;
+use braid::{CallSig, Communicator, Config, DType, OpKind, ReduceOp};
+use clap::Args;
+use half::{bf16, f16};
+
+use crate::launch::{launch, Launch};
+
+/// Arguments of `braid perf`.
+#[derive(Args, Debug, Clone)]
+pub struct PerfArgs {
+    /// Collective to measure.
+    #[arg(long, default_value = "all-reduce", value_parser = parse_op)]
+    pub op: OpKind,
+    /// Ranks to launch locally when not already running under a launcher.
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
+    /// Smallest size (bytes; K/M/G suffixes are powers of 1024).
+    #[arg(long, default_value = "1K", value_parser = parse_size)]
+    pub min_bytes: usize,
+    /// Largest size.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub max_bytes: usize,
+    /// Multiply the size by this factor between steps.
+    #[arg(long, default_value_t = 2.0)]
+    pub factor: f64,
+    /// Timed iterations per size (default: 200 up to 64 KiB, 50 up to 1 MiB, 20 above).
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Untimed warm-up iterations per size.
+    #[arg(long, default_value_t = 5)]
+    pub warmup: usize,
+    /// Element type.
+    #[arg(long, default_value = "f32")]
+    pub dtype: DType,
+    /// Reduction operator.
+    #[arg(long = "reduce-op", default_value = "sum")]
+    pub reduce_op: ReduceOp,
+    /// Root of broadcast and reduce.
+    #[arg(long, default_value_t = 0)]
+    pub root: usize,
+    /// Algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto`.
+    #[arg(long, default_value = "auto")]
+    pub algo: String,
+    /// Transport: `auto` (processes over TCP), `tcp`, or `inproc` (threads of one process).
+    #[arg(long, default_value = "auto")]
+    pub transport: String,
+    /// Separate input and output buffers (default: in place).
+    #[arg(long)]
+    pub out_of_place: bool,
+    /// Compare every element of the result; exit non-zero if any is wrong.
+    #[arg(long)]
+    pub check: bool,
+    /// Append one JSON object per size to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+fn parse_op(s: &str) -> Result<OpKind, String> {
+    let op: OpKind = s.parse()?;
+    if matches!(op, OpKind::Send | OpKind::Recv) {
+        return Err("perf measures collectives; send/recv are not one".into());
+    }
+    Ok(op)
+}
+
+pub fn main(args: PerfArgs) -> i32 {
+    if args.factor <= 1.0 && args.min_bytes != args.max_bytes {
+        eprintln!("braid perf: --factor must be greater than 1");
+        return 2;
+    }
+    let transport = args.transport.to_ascii_lowercase();
+    if transport == "inproc" {
+        return threads(args);
+    }
+    if transport != "auto" && transport != "tcp" {
+        eprintln!("braid perf: unknown transport `{transport}` (expected auto, tcp or inproc)");
+        return 2;
+    }
+    match Config::from_env() {
+        Ok(cfg) => one_rank(args, cfg),
+        Err(_) => {
+            // Not under a launcher: start --ranks copies of ourselves.
+            let exe = match std::env::current_exe() {
+                Ok(p) => p.to_string_lossy().into_owned(),
+                Err(e) => {
+                    eprintln!("braid perf: cannot find own executable: {e}");
+                    return 1;
+                }
+            };
+            launch(Launch {
+                ranks: args.ranks,
+                program: exe,
+                args: std::env::args().skip(1).collect(),
+                prefix: false,
+                grace: Duration::from_secs(2),
+                extra_env: vec![],
+            })
+        }
+    }
+}
+
+fn one_rank(args: PerfArgs, mut cfg: Config) -> i32 {
+    if args.transport.eq_ignore_ascii_case("tcp") {
+        cfg.transports = Some(vec![TransportKind::Tcp]);
+    }
+    let rank = cfg.rank;
+    let result = braid::CommunicatorBuilder::from_config(cfg).build().and_then(|comm| sweep(&comm, &args));
+    finish(rank, result)
+}
+
+fn threads(args: PerfArgs) -> i32 {
+    let comms = match Communicator::in_process(args.ranks) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("braid perf: {e}");
+            return 1;
+        }
+    };
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let a = args.clone();
+            std::thread::spawn(move || {
+                let rank = c.rank();
+                finish(rank, sweep(&c, &a))
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap_or(1)).max().unwrap_or(0)
+}
+
+fn finish(rank: usize, result: braid::Result<u64>) -> i32 {
+    match result {
+        Ok(0) => 0,
+        Ok(wrong) => {
+            if rank == 0 {
+                eprintln!("braid perf: {wrong} wrong element(s)");
+            }
+            1
+        }
+        Err(e) => {
+            eprintln!("braid perf: rank {rank}: error: {e}");
+            1
+        }
+    }
+}
+
+/// Bytes of one element of value `v` (integers wrap, floats are exact for small values).
+fn encode(dt: DType, v: i64, out: &mut [u8]) {
+    match dt {
+        DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+        DType::F64 => out.copy_from_slice(&(v as f64).to_le_bytes()),
+        DType::F16 => out.copy_from_slice(&f16::from_f32(v as f32).to_le_bytes()),
+        DType::BF16 => out.copy_from_slice(&bf16::from_f32(v as f32).to_le_bytes()),
+        DType::I8 => out[0] = v as i8 as u8,
+        DType::U8 => out[0] = v as u8,
+        DType::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
+        DType::I64 => out.copy_from_slice(&v.to_le_bytes()),
+    }
+}
+
+/// Bytes of `sum / n` as braid's `avg` computes it.
+fn encode_avg(dt: DType, sum: i64, n: usize, out: &mut [u8]) {
+    match dt {
+        DType::F32 => out.copy_from_slice(&(sum as f32 / n as f32).to_le_bytes()),
+        DType::F64 => out.copy_from_slice(&(sum as f64 / n as f64).to_le_bytes()),
+        DType::F16 => out.copy_from_slice(&f16::from_f32(sum as f32 / n as f32).to_le_bytes()),
+        DType::BF16 => out.copy_from_slice(&bf16::from_f32(sum as f32 / n as f32).to_le_bytes()),
+        DType::I8 => out[0] = (sum as i8).wrapping_div(n as i8) as u8,
+        DType::U8 => out[0] = (sum as u8).wrapping_div(n as u8),
+        DType::I32 => out.copy_from_slice(&((sum as i32) / n as i32).to_le_bytes()),
+        DType::I64 => out.copy_from_slice(&(sum / n as i64).to_le_bytes()),
+    }
+}
+
+/// Rank `r`'s input value at element `i`: 1..=3 (1..=2 for products, so 8 ranks stay exact).
+fn value(rop: ReduceOp, r: usize, i: usize) -> i64 {
+    match rop {
+        ReduceOp::Prod => 1 + ((r + i) % 2) as i64,
+        _ => 1 + ((r + i) % 3) as i64,
+    }
+}
+
+/// The values repeat every 6 elements; this table holds the 6 expected reductions.
+fn reduced_table(dt: DType, rop: ReduceOp, n: usize) -> Vec<Vec<u8>> {
+    (0..6)
+        .map(|i| {
+            let vals = (0..n).map(|r| value(rop, r, i));
+            let mut b = vec![0u8; dt.size()];
+            match rop {
+                ReduceOp::Sum => encode(dt, vals.sum(), &mut b),
+                ReduceOp::Prod => encode(dt, vals.product(), &mut b),
+                ReduceOp::Min => encode(dt, vals.min().unwrap_or(0), &mut b),
+                ReduceOp::Max => encode(dt, vals.max().unwrap_or(0), &mut b),
+                ReduceOp::Avg => encode_avg(dt, vals.sum(), n, &mut b),
+            }
+            b
+        })
+        .collect()
+}
+
+fn fill(dt: DType, buf: &mut [u8], f: impl Fn(usize) -> i64) {
+    for (i, e) in buf.chunks_exact_mut(dt.size()).enumerate() {
+        encode(dt, f(i), e);
+    }
+}
+
+fn count_wrong(dt: DType, buf: &[u8], want: impl Fn(usize, &mut [u8])) -> u64 {
+    let mut tmp = vec![0u8; dt.size()];
+    let mut wrong = 0;
+    for (i, e) in buf.chunks_exact(dt.size()).enumerate() {
+        want(i, &mut tmp);
+        wrong += (e != tmp.as_slice()) as u64;
+    }
+    wrong
+}
+
+/// One size of the sweep: buffers, how to run the op, how to check it.
+struct Case {
+    sig: CallSig,
+    bytes: usize,
+    input: Vec<u8>,
+    output: Vec<u8>,
+}
+
+fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> Case {
+    let (n, r, dt, esz) = (comm.world_size(), comm.rank(), a.dtype, a.dtype.size());
+    let count = match a.op {
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => size / (n * esz),
+        OpKind::Barrier => 0,
+        _ => size / esz,
+    };
+    let sig = CallSig::new(a.op, dt, count as u64, a.root as u32, a.reduce_op);
+    let (in_len, out_len, bytes) = match a.op {
+        OpKind::AllGather => (count * esz, n * count * esz, n * count * esz),
+        OpKind::ReduceScatter => (n * count * esz, count * esz, n * count * esz),
+        OpKind::AllToAll => (n * count * esz, n * count * esz, n * count * esz),
+        OpKind::Barrier => (0, 0, 0),
+        _ => (count * esz, count * esz, count * esz),
+    };
+    let _ = r;
+    Case { sig, bytes, input: vec![0u8; in_len], output: vec![0u8; out_len] }
+}
+
+/// Refill the inputs (untimed) so every iteration reduces the same values.
+fn prepare(comm: &Communicator, a: &PerfArgs, c: &mut Case) {
+    let (r, dt, rop) = (comm.rank(), a.dtype, a.reduce_op);
+    let count = c.sig.count as usize;
+    let target = if a.out_of_place { &mut c.input } else { &mut c.output };
+    match a.op {
+        OpKind::AllToAll => fill(dt, target, |k| ((r * 3 + k / count.max(1) + k % count.max(1)) % 5 + 1) as i64),
+        OpKind::Broadcast => fill(dt, target, |i| if r == a.root { value(rop, a.root, i) } else { 0 }),
+        OpKind::AllGather if !a.out_of_place => {
+            let esz = dt.size();
+            fill(dt, target, |_| 0);
+            fill(dt, &mut target[r * count * esz..(r + 1) * count * esz], |i| value(rop, r, i));
+        }
+        _ => fill(dt, target, |i| value(rop, r, i)),
+    }
+}
+
+fn check(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
+    let (n, r, dt, rop) = (comm.world_size(), comm.rank(), a.dtype, a.reduce_op);
+    let count = c.sig.count as usize;
+    let esz = dt.size();
+    let table = reduced_table(dt, rop, n);
+    match a.op {
+        OpKind::AllReduce => count_wrong(dt, &c.output, |i, b| b.copy_from_slice(&table[i % 6])),
+        OpKind::Reduce if r == a.root => count_wrong(dt, &c.output, |i, b| b.copy_from_slice(&table[i % 6])),
+        OpKind::Reduce | OpKind::Barrier => 0,
+        OpKind::ReduceScatter => {
+            let out = if a.out_of_place { &c.output[..] } else { &c.output[r * count * esz..(r + 1) * count * esz] };
+            count_wrong(dt, out, |i, b| b.copy_from_slice(&table[(r * count + i) % 6]))
+        }
+        OpKind::Broadcast => count_wrong(dt, &c.output, |i, b| encode(dt, value(rop, a.root, i), b)),
+        OpKind::AllGather => count_wrong(dt, &c.output, |k, b| encode(dt, value(rop, k / count.max(1), k % count.max(1)), b)),
+        OpKind::AllToAll => count_wrong(dt, &c.output, |k, b| {
+            let (j, i) = (k / count.max(1), k % count.max(1));
+            encode(dt, ((j * 3 + r + i) % 5 + 1) as i64, b)
+        }),
+        OpKind::Send | OpKind::Recv => 0,
+    }
+}
+
+fn busbw_factor(op: OpKind, n: usize) -> f64 {
+    let n = n as f64;
+    match op {
+        OpKind::AllReduce => 2.0 * (n - 1.0) / n,
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+fn sizes(a: &PerfArgs) -> Vec<usize> {
+    if a.op == OpKind::Barrier {
+        return vec![0];
+    }
+    let mut v = Vec::new();
+    let mut s = a.min_bytes.max(1) as f64;
+    while s <= a.max_bytes as f64 * 1.000001 {
+        v.push(s.round() as usize);
+        if a.factor <= 1.0 {
+            break;
+        }
+        s *= a.factor;
+    }
+    v
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        0.0
+    } else if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    }
+}
+
+/// Run the sweep on this rank; rank 0 prints. Returns the total of wrong elements.
+fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
+    let (n, rank) = (comm.world_size(), comm.rank());
+    if a.root >= n {
+        return Err(braid::Error::InvalidArgument(format!("--root {} is not below --ranks {n}", a.root)));
+    }
+    if a.algo != "auto" {
+        let algo = a.algo.parse().map_err(braid::Error::InvalidArgument)?;
+        comm.set_algorithm(Some(algo));
+    }
+    let transports: Vec<String> = comm
+        .transports()
+        .iter()
+        .enumerate()
+        .filter_map(|(p, t)| t.map(|t| format!("{p}={t}")))
+        .collect();
+    let mut json = match (&a.json, rank) {
+        (Some(path), 0) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| braid::Error::io(format!("opening {}", path.display()), e))?,
+        ),
+        _ => None,
+    };
+    let transport_name = comm.transports().iter().flatten().next().map(|t| t.name()).unwrap_or("none");
+    if rank == 0 {
+        println!("# braid perf: {} world={n} dtype={} redop={} root={} {}", a.op, a.dtype, a.reduce_op, a.root, if a.out_of_place { "out-of-place" } else { "in-place" });
+        println!("# transport: {transport_name} (rank 0 peers: {})   algorithm: {}", if transports.is_empty() { "none".into() } else { transports.join(" ") }, a.algo);
+        println!("#");
+        println!("# {:>12} {:>12} {:>6} {:>6} {:>5} {:>10} {:>11} {:>11} {:>7} {:>6}", "size", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "algo");
+    }
+    let mut total_wrong = 0u64;
+    let mut busbw_sum = 0.0;
+    let mut sizes_done = 0;
+    for size in sizes(a) {
+        let mut c = case(comm, a, size);
+        if c.sig.count == 0 && a.op != OpKind::Barrier {
+            continue;
+        }
+        let iters = a.iters.unwrap_or(if size <= 64 << 10 { 200 } else if size <= 1 << 20 { 50 } else { 20 }).max(1);
+        let algo = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
+        let mut times = Vec::with_capacity(iters);
+        for it in 0..a.warmup + iters {
+            prepare(comm, a, &mut c);
+            comm.barrier()?;
+            let t0 = Instant::now();
+            if a.out_of_place {
+                comm.collective_bytes(c.sig, Some(&c.input), &mut c.output)?;
+            } else {
+                comm.collective_bytes(c.sig, None, &mut c.output)?;
+            }
+            let dt = t0.elapsed().as_secs_f64();
+            if it >= a.warmup {
+                times.push(dt);
+            }
+        }
+        // The op's time is the slowest rank's, per iteration.
+        comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
+        let t = median(&mut times);
+        let wrong = if a.check {
+            let mut w = [check(comm, a, &c) as i64];
+            comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
+            Some(w[0] as u64)
+        } else {
+            None
+        };
+        total_wrong += wrong.unwrap_or(0);
+        let algbw = if t > 0.0 { c.bytes as f64 / t / 1e9 } else { 0.0 };
+        let busbw = algbw * busbw_factor(a.op, n);
+        busbw_sum += busbw;
+        sizes_done += 1;
+        if rank == 0 {
+            let root = if a.op.rooted() { a.root.to_string() } else { "-1".into() };
+            let redop = if a.op.reduces() { a.reduce_op.name() } else { "none" };
+            let w = wrong.map(|w| w.to_string()).unwrap_or_else(|| "N/A".into());
+            println!(
+                "  {:>12} {:>12} {:>6} {:>6} {:>5} {:>10.2} {:>11.3} {:>11.3} {:>7} {:>6}",
+                c.bytes, c.sig.count, a.dtype.name(), redop, root, t * 1e6, algbw, busbw, w, algo
+            );
+            let _ = std::io::stdout().flush();
+            if let Some(f) = json.as_mut() {
+                let line = serde_json::json!({
+                    "op": a.op.name(), "bytes": c.bytes, "count": c.sig.count, "dtype": a.dtype.name(),
+                    "ranks": n, "transport": transport_name, "algo": algo, "time_us": t * 1e6,
+                    "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
+                });
+                writeln!(f, "{line}").map_err(|e| braid::Error::io("writing --json", e))?;
+            }
+        }
+    }
+    if rank == 0 {
+        println!("# Out of bounds values : {} {}", total_wrong, if total_wrong == 0 { "OK" } else { "FAILED" });
+        println!("# Avg bus bandwidth    : {:.4} GB/s", if sizes_done > 0 { busbw_sum / sizes_done as f64 } else { 0.0 });
+    }
+    Ok(total_wrong)
+}

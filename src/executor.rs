@@ -1,0 +1,547 @@
+//! The executor: the one place a [`Schedule`] meets links.
+//!
+//! It frames every transfer into segments (a header plus at most
+//! [`SEGMENT_BYTES`] of payload), drives all transfers of a round without blocking,
+//! receives plain copies straight into their destination and reduces incoming
+//! data from a staging chunk as it arrives (so reduction overlaps the transfer),
+//! validates every header against the call this rank is making, and waits —
+//! spinning briefly, then blocking in `poll(2)` or sleeping — under a deadline that
+//! restarts whenever any byte moves.
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+use crate::algorithm::{BufId, Region, Schedule, Step};
+use crate::error::{Error, OpContext, Result};
+use crate::frame::{FrameKind, Header, HEADER_LEN};
+use crate::reduce;
+use crate::transport::Link;
+use crate::types::{CallSig, DType, ReduceOp};
+
+/// Largest payload of one frame. Long transfers are cut into segments of this size
+/// so a receiver can reduce one while the next is in flight.
+pub const SEGMENT_BYTES: usize = 1 << 20;
+/// Incoming data is reduced in grains of this size as soon as it has arrived.
+const REDUCE_GRAIN: usize = 64 << 10;
+/// Longest an abort message may be.
+const MAX_REASON: usize = 64 << 10;
+
+/// How a rank waits when no link can make progress.
+#[derive(Clone, Copy, Debug)]
+pub struct WaitPolicy {
+    /// Keep polling links without sleeping for this long after the last progress.
+    pub spin: Duration,
+    /// Yield the CPU between polls while spinning (more ranks than cores).
+    pub yield_while_spinning: bool,
+}
+
+impl WaitPolicy {
+    /// Spin 200 µs on a machine with a core per rank; yield while spinning otherwise.
+    pub fn for_ranks(local_ranks: usize) -> WaitPolicy {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        WaitPolicy { spin: Duration::from_micros(200), yield_while_spinning: local_ranks > cores }
+    }
+}
+
+/// Receive-side framing state of a channel.
+enum Rx {
+    /// Reading a header; `have` bytes of it are in `hdr`.
+    Header { have: usize },
+    /// A data header has been read and awaits the receive step it belongs to.
+    Ready(Header),
+    /// Reading an abort frame's reason.
+    Reason { want: usize, buf: Vec<u8> },
+    /// The peer said goodbye and closed: fine until something is expected from it.
+    Closed,
+}
+
+/// A link plus the framing state that survives between operations.
+pub struct Channel {
+    link: Box<dyn Link>,
+    hdr: [u8; HEADER_LEN],
+    rx: Rx,
+    staging: Vec<u8>,
+    /// Set when the peer said goodbye (orderly close of its communicator).
+    said_goodbye: bool,
+    /// False while a frame is partly written: nothing else may be injected then.
+    tx_at_boundary: bool,
+}
+
+impl Channel {
+    /// Wrap a connected link.
+    pub fn new(link: Box<dyn Link>) -> Channel {
+        Channel {
+            link,
+            hdr: [0; HEADER_LEN],
+            rx: Rx::Header { have: 0 },
+            staging: Vec::new(),
+            said_goodbye: false,
+            tx_at_boundary: true,
+        }
+    }
+
+    /// The link's transport kind.
+    pub fn kind(&self) -> crate::transport::TransportKind {
+        self.link.kind()
+    }
+
+    /// Best effort, bounded in time: send a control frame (abort or goodbye), then
+    /// close the sending side. Used when this rank fails or closes.
+    pub fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str) {
+        if self.tx_at_boundary {
+            let payload = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+            let hdr = Header::control(kind, comm_id, epoch, payload.len() as u32).encode();
+            let total = HEADER_LEN + payload.len();
+            let mut sent = 0;
+            let give_up = Instant::now() + Duration::from_millis(200);
+            while sent < total && Instant::now() < give_up {
+                let (a, b) = split_frame(&hdr, payload, sent);
+                match self.link.try_write(&[a, b]) {
+                    Ok(0) => std::thread::yield_now(),
+                    Ok(n) => sent += n,
+                    Err(_) => break,
+                }
+            }
+        }
+        self.tx_at_boundary = false;
+        self.link.close();
+    }
+}
+
+/// The slices still to be written of a frame of which `sent` bytes went out.
+fn split_frame<'a>(hdr: &'a [u8], payload: &'a [u8], sent: usize) -> (&'a [u8], &'a [u8]) {
+    if sent < hdr.len() {
+        (&hdr[sent..], payload)
+    } else {
+        (&[], &payload[sent - hdr.len()..])
+    }
+}
+
+/// Raw views of the operation's buffers. The caller guarantees they stay valid and
+/// unaliased (except as the in-place rules say) for the whole execution.
+pub struct Buffers {
+    /// Input base pointer (may equal or point into Output for in-place calls).
+    pub input: *const u8,
+    /// Input length in bytes.
+    pub input_len: usize,
+    /// Output base pointer.
+    pub output: *mut u8,
+    /// Output length in bytes.
+    pub output_len: usize,
+    /// Executor scratch; resized to the schedule's need.
+    pub scratch: Vec<u8>,
+}
+
+impl Buffers {
+    fn ptr(&mut self, r: &Region) -> Result<*mut u8> {
+        let (base, len) = match r.buf {
+            BufId::Input => (self.input as *mut u8, self.input_len),
+            BufId::Output => (self.output, self.output_len),
+            BufId::Scratch => (self.scratch.as_mut_ptr(), self.scratch.len()),
+        };
+        if r.end() > len {
+            return Err(Error::InvalidArgument(format!(
+                "schedule region {:?} [{}..{}) exceeds its buffer of {len} bytes",
+                r.buf,
+                r.offset,
+                r.end()
+            )));
+        }
+        // SAFETY: the offset is within the buffer (checked above).
+        Ok(unsafe { base.add(r.offset) })
+    }
+}
+
+/// Everything the executor needs to know about the call.
+pub struct CallInfo {
+    /// Reporting context (rank, call, sequence number).
+    pub ctx: OpContext,
+    /// The call's signature, checked against every incoming data frame.
+    pub sig: CallSig,
+    /// Sequence number carried in outgoing frames.
+    pub send_seq: u64,
+    /// Sequence number expected in incoming frames.
+    pub recv_seq: u64,
+    /// Communicator id and epoch, carried and checked.
+    pub comm_id: u32,
+    /// Communicator epoch.
+    pub epoch: u8,
+    /// Element type and combining operator for receive-reduce steps.
+    pub dtype: DType,
+    /// Reduce operator (Avg combines as Sum and is finalised by the caller).
+    pub reduce_op: ReduceOp,
+    /// No-progress deadline.
+    pub timeout: Duration,
+    /// How to wait.
+    pub wait: WaitPolicy,
+}
+
+struct OutMsg {
+    hdr: [u8; HEADER_LEN],
+    data: *const u8,
+    len: usize,
+    sent: usize,
+}
+
+struct InMsg {
+    len: usize,
+    dst: *mut u8,
+    /// Local operand for receive-reduce (may equal dst); None for plain receives.
+    src: Option<*const u8>,
+    got: usize,
+    reduced: usize,
+    started: bool,
+}
+
+/// Run `schedule` over `channels` (indexed by peer rank) with `bufs`.
+pub fn execute(schedule: &Schedule, channels: &mut [Option<Channel>], bufs: &mut Buffers, call: &CallInfo) -> Result<()> {
+    if bufs.scratch.len() < schedule.scratch_bytes {
+        bufs.scratch.resize(schedule.scratch_bytes, 0);
+    }
+    let mut outq: Vec<VecDeque<OutMsg>> = (0..channels.len()).map(|_| VecDeque::new()).collect();
+    let mut inq: Vec<VecDeque<InMsg>> = (0..channels.len()).map(|_| VecDeque::new()).collect();
+    for round in &schedule.rounds {
+        for step in &round.steps {
+            match *step {
+                Step::Copy { src, dst } => local_copy(bufs, &src, &dst)?,
+                Step::Reduce { src, dst } => local_reduce(bufs, &src, &dst, call)?,
+                Step::Send { peer, src } => {
+                    let base = bufs.ptr(&src)? as *const u8;
+                    for (off, len) in segments(src.len) {
+                        let hdr = Header {
+                            kind: FrameKind::Data,
+                            comm_id: call.comm_id,
+                            epoch: call.epoch,
+                            seq: call.send_seq,
+                            sig: call.sig,
+                            len: len as u32,
+                        }
+                        .encode();
+                        // SAFETY: off + len <= src.len, inside the region checked by ptr().
+                        outq[peer].push_back(OutMsg { hdr, data: unsafe { base.add(off) }, len, sent: 0 });
+                    }
+                }
+                Step::Recv { peer, dst } => {
+                    let base = bufs.ptr(&dst)?;
+                    for (off, len) in segments(dst.len) {
+                        // SAFETY: as above.
+                        inq[peer].push_back(InMsg::new(unsafe { base.add(off) }, None, len));
+                    }
+                }
+                Step::RecvReduce { peer, src, dst } => {
+                    if src.len != dst.len || (src.overlaps(&dst) && src != dst) {
+                        return Err(Error::InvalidArgument(format!("bad receive-reduce regions {src:?} {dst:?}")));
+                    }
+                    let d = bufs.ptr(&dst)?;
+                    let s = bufs.ptr(&src)? as *const u8;
+                    for (off, len) in segments(dst.len) {
+                        // SAFETY: as above.
+                        inq[peer].push_back(InMsg::new(unsafe { d.add(off) }, Some(unsafe { s.add(off) }), len));
+                    }
+                }
+            }
+        }
+        run_transfers(channels, &mut outq, &mut inq, call)?;
+    }
+    Ok(())
+}
+
+impl InMsg {
+    fn new(dst: *mut u8, src: Option<*const u8>, len: usize) -> InMsg {
+        InMsg { len, dst, src, got: 0, reduced: 0, started: false }
+    }
+}
+
+/// (offset, length) of the frames a transfer of `len` bytes is cut into; a
+/// zero-length transfer is one empty frame (barrier messages).
+fn segments(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = len.div_ceil(SEGMENT_BYTES).max(1);
+    (0..n).map(move |i| (i * SEGMENT_BYTES, (len - i * SEGMENT_BYTES).min(SEGMENT_BYTES)))
+}
+
+fn local_copy(bufs: &mut Buffers, src: &Region, dst: &Region) -> Result<()> {
+    let s = bufs.ptr(src)? as *const u8;
+    let d = bufs.ptr(dst)?;
+    if s != d as *const u8 && src.len > 0 {
+        // SAFETY: both ranges are inside their buffers; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(s, d, src.len.min(dst.len)) };
+    }
+    Ok(())
+}
+
+fn local_reduce(bufs: &mut Buffers, src: &Region, dst: &Region, call: &CallInfo) -> Result<()> {
+    let s = bufs.ptr(src)? as *const u8;
+    let d = bufs.ptr(dst)?;
+    if src.len != dst.len || src.overlaps(dst) {
+        return Err(Error::InvalidArgument(format!("bad local reduce regions {src:?} {dst:?}")));
+    }
+    // SAFETY: disjoint in-bounds ranges of live buffers.
+    let (acc, inc) = unsafe { (std::slice::from_raw_parts_mut(d, dst.len), std::slice::from_raw_parts(s, src.len)) };
+    reduce::reduce_inplace(call.dtype, call.reduce_op.combiner(), acc, inc)
+}
+
+fn peer_error(call: &CallInfo, peer: usize, said_goodbye: bool, e: io::Error) -> Error {
+    let detail = if said_goodbye {
+        "it closed its communicator".to_string()
+    } else if e.kind() == io::ErrorKind::UnexpectedEof {
+        "connection closed: the process exited or was killed".to_string()
+    } else {
+        e.to_string()
+    };
+    Error::PeerLost { ctx: call.ctx.clone(), peer, detail }
+}
+
+/// Drive every queued transfer to completion.
+fn run_transfers(
+    channels: &mut [Option<Channel>],
+    outq: &mut [VecDeque<OutMsg>],
+    inq: &mut [VecDeque<InMsg>],
+    call: &CallInfo,
+) -> Result<()> {
+    let mut last_progress = Instant::now();
+    let mut sleep = Duration::from_micros(5);
+    loop {
+        let mut progressed = false;
+        let mut pending = false;
+        for peer in 0..channels.len() {
+            let Some(ch) = channels[peer].as_mut() else { continue };
+            progressed |= progress_send(ch, &mut outq[peer]).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+            progressed |= progress_recv(ch, peer, &mut inq[peer], call)?;
+            pending |= !outq[peer].is_empty() || !inq[peer].is_empty();
+        }
+        if !pending {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if progressed {
+            last_progress = now;
+            sleep = Duration::from_micros(5);
+            continue;
+        }
+        let idle = now - last_progress;
+        if idle >= call.timeout {
+            let waiting_on = (0..channels.len()).filter(|&p| !outq[p].is_empty() || !inq[p].is_empty()).collect();
+            return Err(Error::Timeout { ctx: call.ctx.clone(), timeout: call.timeout, waiting_on });
+        }
+        if idle < call.wait.spin {
+            if call.wait.yield_while_spinning {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        }
+        let left = call.timeout - idle;
+        if !block_on_fds(channels, outq, inq, left.min(Duration::from_millis(100))) {
+            // No descriptors to poll (in-process links): back off gently.
+            std::thread::sleep(sleep.min(left));
+            sleep = (sleep * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Block in poll(2) until a link with queued work is ready. Returns false when some
+/// link has no descriptor, so the caller must sleep instead.
+fn block_on_fds(channels: &[Option<Channel>], outq: &[VecDeque<OutMsg>], inq: &[VecDeque<InMsg>], max: Duration) -> bool {
+    let mut fds = Vec::with_capacity(channels.len());
+    for (peer, ch) in channels.iter().enumerate() {
+        let Some(ch) = ch else { continue };
+        let Some(fd) = ch.link.poll_fd() else { return false };
+        let mut events = 0;
+        if !outq[peer].is_empty() {
+            events |= libc::POLLOUT;
+        }
+        // Watch input when a receive is queued, or (idle) for an abort or EOF —
+        // but not when a complete header is already waiting for its step.
+        if !inq[peer].is_empty() || matches!(ch.rx, Rx::Header { .. } | Rx::Reason { .. }) {
+            events |= libc::POLLIN;
+        }
+        if events != 0 {
+            fds.push(libc::pollfd { fd, events, revents: 0 });
+        }
+    }
+    if fds.is_empty() {
+        return false;
+    }
+    let ms = max.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: fds is a valid array of pollfd for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    true
+}
+
+fn progress_send(ch: &mut Channel, q: &mut VecDeque<OutMsg>) -> io::Result<bool> {
+    let mut progressed = false;
+    while let Some(m) = q.front_mut() {
+        // SAFETY: data..data+len is inside a live buffer region (see execute()).
+        let payload = unsafe { std::slice::from_raw_parts(m.data, m.len) };
+        let (a, b) = split_frame(&m.hdr, payload, m.sent);
+        let n = ch.link.try_write(&[a, b])?;
+        if n == 0 {
+            break;
+        }
+        progressed = true;
+        m.sent += n;
+        ch.tx_at_boundary = m.sent == HEADER_LEN + m.len;
+        if ch.tx_at_boundary {
+            q.pop_front();
+        }
+    }
+    Ok(progressed)
+}
+
+fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &CallInfo) -> Result<bool> {
+    let mut progressed = false;
+    loop {
+        match &mut ch.rx {
+            Rx::Closed => {
+                if q.is_empty() {
+                    return Ok(progressed);
+                }
+                let e = io::Error::new(io::ErrorKind::UnexpectedEof, "closed");
+                return Err(peer_error(call, peer, true, e));
+            }
+            Rx::Header { have } => {
+                let n = match ch.link.try_read(&mut ch.hdr[*have..]) {
+                    Ok(n) => n,
+                    // An orderly close is only an error if this rank still needs the peer.
+                    Err(e) if ch.said_goodbye && *have == 0 && e.kind() == io::ErrorKind::UnexpectedEof => {
+                        ch.rx = Rx::Closed;
+                        continue;
+                    }
+                    Err(e) => return Err(peer_error(call, peer, ch.said_goodbye, e)),
+                };
+                if n == 0 {
+                    return Ok(progressed);
+                }
+                progressed = true;
+                *have += n;
+                if *have < HEADER_LEN {
+                    continue;
+                }
+                let h = Header::decode(&ch.hdr)
+                    .map_err(|detail| Error::Protocol { ctx: call.ctx.clone(), peer, detail })?;
+                ch.rx = match h.kind {
+                    FrameKind::Data => Rx::Ready(h),
+                    FrameKind::Abort => Rx::Reason { want: (h.len as usize).min(MAX_REASON), buf: Vec::new() },
+                    FrameKind::Goodbye => {
+                        ch.said_goodbye = true;
+                        Rx::Header { have: 0 }
+                    }
+                };
+            }
+            Rx::Reason { want, buf } => {
+                let mut tmp = [0u8; 4096];
+                let take = (*want - buf.len()).min(tmp.len());
+                // A reason cut short by the peer's exit is still worth reporting.
+                let (n, cut) = match ch.link.try_read(&mut tmp[..take]) {
+                    Ok(n) => (n, false),
+                    Err(_) => (0, true),
+                };
+                buf.extend_from_slice(&tmp[..n]);
+                if buf.len() >= *want || cut {
+                    let reason = String::from_utf8_lossy(buf).into_owned();
+                    return Err(Error::PeerAborted { ctx: call.ctx.clone(), peer, reason });
+                }
+                if n == 0 {
+                    return Ok(progressed);
+                }
+                progressed = true;
+            }
+            Rx::Ready(h) => {
+                let Some(m) = q.front_mut() else { return Ok(progressed) };
+                if !m.started {
+                    check_header(h, m.len, peer, call)?;
+                    m.started = true;
+                }
+                if m.got < m.len {
+                    let n = match m.src {
+                        None => {
+                            // SAFETY: dst..dst+len is inside a live buffer region.
+                            let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), m.len - m.got) };
+                            ch.link.try_read(dst)
+                        }
+                        Some(_) => {
+                            if ch.staging.len() < m.len {
+                                ch.staging.resize(SEGMENT_BYTES.max(m.len), 0);
+                            }
+                            ch.link.try_read(&mut ch.staging[m.got..m.len])
+                        }
+                    }
+                    .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+                    m.got += n;
+                    progressed |= n > 0;
+                    if m.src.is_some() {
+                        reduce_arrived(ch, m, call)?;
+                    }
+                    if n == 0 && m.got < m.len {
+                        return Ok(progressed);
+                    }
+                }
+                if m.got == m.len {
+                    q.pop_front();
+                    ch.rx = Rx::Header { have: 0 };
+                    progressed = true;
+                }
+            }
+        }
+    }
+}
+
+/// Reduce what has arrived of a receive-reduce segment, in grains, so reduction
+/// overlaps the rest of the transfer.
+fn reduce_arrived(ch: &mut Channel, m: &mut InMsg, call: &CallInfo) -> Result<()> {
+    let Some(src) = m.src else { return Ok(()) };
+    let esz = call.dtype.size();
+    let ready = if m.got == m.len { m.len } else { (m.got / esz) * esz };
+    if ready - m.reduced < REDUCE_GRAIN && ready < m.len {
+        return Ok(());
+    }
+    let (lo, hi) = (m.reduced, ready);
+    if hi == lo {
+        return Ok(());
+    }
+    let inc = &ch.staging[lo..hi];
+    let op = call.reduce_op.combiner();
+    // SAFETY: [lo, hi) lies inside the segment's dst/src ranges; src is either the
+    // same memory as dst or disjoint from it (checked when queued).
+    unsafe {
+        if src == m.dst as *const u8 {
+            reduce::reduce_inplace(call.dtype, op, std::slice::from_raw_parts_mut(m.dst.add(lo), hi - lo), inc)?;
+        } else {
+            reduce::reduce_into(
+                call.dtype,
+                op,
+                std::slice::from_raw_parts_mut(m.dst.add(lo), hi - lo),
+                std::slice::from_raw_parts(src.add(lo), hi - lo),
+                inc,
+            )?;
+        }
+    }
+    m.reduced = hi;
+    Ok(())
+}
+
+fn check_header(h: &Header, want_len: usize, peer: usize, call: &CallInfo) -> Result<()> {
+    if h.comm_id != call.comm_id || h.epoch != call.epoch {
+        return Err(Error::Protocol {
+            ctx: call.ctx.clone(),
+            peer,
+            detail: format!(
+                "frame for communicator {:#x} epoch {} arrived on communicator {:#x} epoch {}",
+                h.comm_id, h.epoch, call.comm_id, call.epoch
+            ),
+        });
+    }
+    if h.seq != call.recv_seq || !call.sig.matches(&h.sig) {
+        return Err(Error::Mismatch { ctx: call.ctx.clone(), peer, ours: call.sig, theirs: h.sig, their_seq: h.seq });
+    }
+    if h.len as usize != want_len {
+        return Err(Error::Protocol {
+            ctx: call.ctx.clone(),
+            peer,
+            detail: format!("frame of {} bytes where this rank expects {want_len}", h.len),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! Wire frames: a fixed 40-byte header in front of every message on every link.
+//!
+//! ```text
+//!  0 magic u16 "BR"   2 version u8   3 kind u8 (data, abort, goodbye)
+//!  4 communicator id u32
+//!  8 sequence number u64 (collectives: per communicator; send/recv: per peer)
+//! 16 op u8  17 dtype u8  18 reduce op u8  19 epoch u8
+//! 20 root / peer u32
+//! 24 count u64
+//! 32 payload length u32   36 reserved u32
+//! ```
+//! Little-endian. Every data frame repeats the call's signature, so a rank that
+//! receives a frame of another call reports both calls instead of corrupting data.
+
+use crate::types::{CallSig, DType, OpKind, ReduceOp};
+
+/// Header length in bytes.
+pub const HEADER_LEN: usize = 40;
+/// Protocol version; bumped when the header changes.
+pub const VERSION: u8 = 1;
+const MAGIC: u16 = u16::from_le_bytes(*b"BR");
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    /// A segment of a collective or send/recv.
+    Data = 1,
+    /// The sender failed; the payload is its error message (UTF-8).
+    Abort = 2,
+    /// The sender closed its communicator in an orderly way.
+    Goodbye = 3,
+}
+
+/// A decoded header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Frame kind.
+    pub kind: FrameKind,
+    /// Communicator id.
+    pub comm_id: u32,
+    /// Communicator epoch (bumped when a communicator is rebuilt).
+    pub epoch: u8,
+    /// Sequence number.
+    pub seq: u64,
+    /// The call this frame belongs to (meaningful for data frames).
+    pub sig: CallSig,
+    /// Payload bytes following the header.
+    pub len: u32,
+}
+
+impl Header {
+    /// Encode into the fixed wire layout.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        b[2] = VERSION;
+        b[3] = self.kind as u8;
+        b[4..8].copy_from_slice(&self.comm_id.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16] = self.sig.op as u8;
+        b[17] = self.sig.dtype as u8;
+        b[18] = self.sig.reduce_op as u8;
+        b[19] = self.epoch;
+        b[20..24].copy_from_slice(&self.sig.root.to_le_bytes());
+        b[24..32].copy_from_slice(&self.sig.count.to_le_bytes());
+        b[32..36].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decode, rejecting anything that is not a braid frame of this version.
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+        let magic = u16::from_le_bytes([b[0], b[1]]);
+        if magic != MAGIC {
+            return Err(format!("bad magic {:02x?} (not a braid frame)", &b[0..4]));
+        }
+        if b[2] != VERSION {
+            return Err(format!("protocol version {} (this build speaks {VERSION})", b[2]));
+        }
+        let kind = match b[3] {
+            1 => FrameKind::Data,
+            2 => FrameKind::Abort,
+            3 => FrameKind::Goodbye,
+            k => return Err(format!("unknown frame kind {k}")),
+        };
+        let op = OpKind::from_code(b[16]).ok_or_else(|| format!("unknown op code {}", b[16]))?;
+        let dtype = DType::from_code(b[17]).ok_or_else(|| format!("unknown dtype code {}", b[17]))?;
+        let reduce_op = ReduceOp::from_code(b[18]).ok_or_else(|| format!("unknown reduce op code {}", b[18]))?;
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Header {
+            kind,
+            comm_id: u32_at(4),
+            epoch: b[19],
+            seq: u64_at(8),
+            sig: CallSig { op, dtype, count: u64_at(24), root: u32_at(20), reduce_op },
+            len: u32_at(32),
+        })
+    }
+
+    /// A control frame (abort or goodbye) with a payload of `len` bytes.
+    pub fn control(kind: FrameKind, comm_id: u32, epoch: u8, len: u32) -> Header {
+        Header {
+            kind,
+            comm_id,
+            epoch,
+            seq: 0,
+            sig: CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum),
+            len,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_garbage() {
+        let h = Header {
+            kind: FrameKind::Data,
+            comm_id: 0xdead_beef,
+            epoch: 3,
+            seq: 1 << 40,
+            sig: CallSig::new(OpKind::Reduce, DType::BF16, 12345, 7, ReduceOp::Max),
+            len: 65536,
+        };
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+        let mut bad = h.encode();
+        bad[0] = b'X';
+        assert!(Header::decode(&bad).unwrap_err().contains("magic"));
+        let mut bad = h.encode();
+        bad[2] = 9;
+        assert!(Header::decode(&bad).unwrap_err().contains("version"));
+        let mut bad = h.encode();
+        bad[17] = 200;
+        assert!(Header::decode(&bad).unwrap_err().contains("dtype"));
+    }
+}

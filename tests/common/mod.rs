@@ -1,0 +1,65 @@
+//! Shared test harness: run a closure on every rank of a communicator whose ranks
+//! are threads, over the in-process transport or over real TCP sockets.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid::bootstrap::MemStore;
+use braid::{Communicator, Config};
+
+/// Which links the rank threads use.
+#[derive(Clone, Copy, Debug)]
+pub enum Net {
+    /// In-memory rings between threads.
+    InProc,
+    /// TCP sockets on the loopback interface.
+    Tcp,
+}
+
+/// Build `world` communicators over `net`.
+pub fn comms(net: Net, world: usize, timeout: Duration) -> Vec<Communicator> {
+    match net {
+        Net::InProc => {
+            let mut cfg = Config::new(0, world);
+            cfg.timeout = timeout;
+            Communicator::in_process_with(cfg).expect("in-process communicators")
+        }
+        Net::Tcp => {
+            let store: Arc<dyn braid::bootstrap::Store> = Arc::new(MemStore::new());
+            let handles: Vec<_> = (0..world)
+                .map(|rank| {
+                    let store = store.clone();
+                    std::thread::spawn(move || {
+                        Communicator::builder(rank, world)
+                            .store(store)
+                            .socket_ifname("lo")
+                            .timeout(timeout)
+                            .build()
+                            .expect("tcp communicator")
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("builder thread")).collect()
+        }
+    }
+}
+
+/// Run `f(comm)` on every rank in its own thread; returns each rank's result in rank order.
+pub fn on_ranks<R: Send + 'static>(
+    comms: Vec<Communicator>,
+    f: impl Fn(&Communicator) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let f = f.clone();
+            std::thread::Builder::new()
+                .name(format!("rank-{}", c.rank()))
+                .spawn(move || f(&c))
+                .expect("spawn rank thread")
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+}
