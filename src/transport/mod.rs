@@ -5,6 +5,7 @@
 //! wait for readiness (a pollable file descriptor, or nothing, in which case the
 //! executor spins, yields and then sleeps briefly).
 
+pub mod ifaces;
 pub mod loopback;
 pub mod tcp;
 

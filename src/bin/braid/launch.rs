@@ -1,7 +1,9 @@
 //! `braid run`: start local ranks, prefix their output, stop them all when one fails.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use braid::bootstrap::TcpStoreServer;
@@ -97,6 +99,9 @@ pub fn launch(l: Launch) -> i32 {
             .env("BRAID_LOCAL_WORLD_SIZE", l.ranks.to_string())
             .env("BRAID_STORE", &store)
             .envs(l.extra_env.iter().map(|(k, v)| (k, v)))
+            // Own process group: stopping a rank stops everything it started, so
+            // no grandchild keeps the output pipes (and this launcher) alive.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -113,6 +118,7 @@ pub fn launch(l: Launch) -> i32 {
             }
         }
     }
+    forward_stop_signals();
     let code = supervise(&mut children, l.grace);
     for p in pumps {
         let _ = p.join();
@@ -121,9 +127,30 @@ pub fn launch(l: Launch) -> i32 {
     code
 }
 
+/// The signal that asked this launcher to stop (0: none yet).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// Ranks run in their own process groups, so terminal signals do not reach them:
+/// catch SIGINT/SIGTERM here and pass them on.
+fn forward_stop_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_stop_signal as libc::sighandler_t) };
+    }
+}
+
+fn kill_group(c: &mut Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on the process group this launcher created for the rank.
+    unsafe { libc::kill(-(c.id() as i32), sig) };
+}
+
 fn kill_all(children: &mut [Option<Child>]) {
     for c in children.iter_mut().flatten() {
-        let _ = c.kill();
+        kill_group(c, libc::SIGKILL);
         let _ = c.wait();
     }
 }
@@ -158,12 +185,23 @@ fn supervise(children: &mut [Option<Child>], grace: Duration) -> i32 {
         if running == 0 {
             return code;
         }
+        let sig = STOP_SIGNAL.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            eprintln!("braid run: got signal {sig}; passing it to the ranks");
+            for c in children.iter_mut().flatten() {
+                kill_group(c, sig);
+            }
+            failed_at.get_or_insert_with(Instant::now);
+            if code == 0 {
+                code = 128 + sig;
+            }
+        }
         if let Some(t) = failed_at {
             if t.elapsed() >= grace {
                 for (rank, slot) in children.iter_mut().enumerate() {
                     if let Some(child) = slot {
                         eprintln!("braid run: stopping rank {rank} after a peer failed");
-                        let _ = child.kill();
+                        kill_group(child, libc::SIGKILL);
                         let _ = child.wait();
                         *slot = None;
                     }

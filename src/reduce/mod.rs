@@ -1,0 +1,327 @@
+//! Reduction kernels: `acc ⊕= inc`, `out = a ⊕ b` and the final division of `Avg`,
+//! on raw byte buffers of any [`DType`].
+//!
+//! Buffers come from users (often through the C ABI) and may be unaligned for their
+//! element type. Aligned buffers are reinterpreted in place; unaligned ones are
+//! reduced through small aligned stack blocks, so no path ever forms a misaligned
+//! reference.
+//!
+//! The kernels are chosen once per process: AVX2 builds of the same loops (and fused
+//! f16/bf16 kernels) when the CPU has AVX2 and F16C, the baseline build otherwise. Every
+//! path computes each element with the same scalar definition (see `kernels.rs`), so
+//! results are bitwise identical across paths, between [`reduce_inplace`] and
+//! [`reduce_into`], and across ranks:
+//!
+//! - integer `Sum`/`Prod` wrap;
+//! - a float result that is NaN is always the canonical quiet NaN of its type (NaN
+//!   payloads are not propagated: which payload survives would depend on codegen);
+//! - float `Min`/`Max` return NaN if either operand is NaN and treat -0 as smaller
+//!   than +0, so they never depend on operand order;
+//! - f16/bf16 are widened to f32, combined, and rounded once (to nearest, ties to even).
+
+use std::sync::OnceLock;
+
+use bytemuck::Pod;
+use half::{bf16, f16};
+
+use crate::error::{Error, Result};
+use crate::types::{DType, ReduceOp};
+
+mod kernels;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use kernels::{Max, Min, Prod, Sum};
+
+/// `acc = acc ⊕ inc`, elementwise, with `op.combiner()` semantics (`Avg` reduces as
+/// `Sum`; call [`finalize`] once at the end).
+///
+/// `acc` and `inc` must have equal lengths, a multiple of `dtype.size()`; otherwise
+/// [`Error::InvalidArgument`]. Either may be unaligned.
+pub fn reduce_inplace(dtype: DType, op: ReduceOp, acc: &mut [u8], inc: &[u8]) -> Result<()> {
+    check_lengths(dtype, &[acc.len(), inc.len()])?;
+    inplace_with(table(), dtype, op, acc, inc);
+    Ok(())
+}
+
+/// `out = a ⊕ b`, elementwise, with `op.combiner()` semantics. Bitwise identical to
+/// copying `a` into `out` and calling [`reduce_inplace`]`(out, b)`.
+///
+/// All three lengths must be equal and a multiple of `dtype.size()`; otherwise
+/// [`Error::InvalidArgument`]. Any of them may be unaligned.
+pub fn reduce_into(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) -> Result<()> {
+    check_lengths(dtype, &[out.len(), a.len(), b.len()])?;
+    into_with(table(), dtype, op, out, a, b);
+    Ok(())
+}
+
+/// Finish a reduction. For `Avg` divide every element by `world`: floats compute
+/// `x / world` in the type's precision (f16/bf16 through f32, rounded once), integers
+/// use truncating division. Every other op leaves `buf` untouched.
+///
+/// `buf.len()` must be a multiple of `dtype.size()` and `world` at least 1 (for
+/// `Avg`); otherwise [`Error::InvalidArgument`].
+pub fn finalize(dtype: DType, op: ReduceOp, buf: &mut [u8], world: usize) -> Result<()> {
+    check_lengths(dtype, &[buf.len()])?;
+    if op != ReduceOp::Avg {
+        return Ok(());
+    }
+    if world == 0 {
+        return Err(Error::InvalidArgument(
+            "cannot average over a world of size 0".into(),
+        ));
+    }
+    let wi = i64::try_from(world).map_err(|_| {
+        Error::InvalidArgument(format!("world size {world} is too large to average over"))
+    })?;
+    // World sizes are far below 2^24, so the conversions to float are exact.
+    let wf = world as f32;
+    match dtype {
+        DType::F32 => map1(buf, |x: f32| x / wf),
+        DType::F64 => map1(buf, |x: f64| x / world as f64),
+        DType::F16 => map1(buf, |x: f16| f16::from_f32(x.to_f32() / wf)),
+        DType::BF16 => map1(buf, |x: bf16| bf16::from_f32(x.to_f32() / wf)),
+        // Division in i64 so that a world larger than the type's range gives 0
+        // (or the right small quotient) instead of overflowing the divisor.
+        DType::I8 => map1(buf, |x: i8| (i64::from(x) / wi) as i8),
+        DType::U8 => map1(buf, |x: u8| (i64::from(x) / wi) as u8),
+        DType::I32 => map1(buf, |x: i32| (i64::from(x) / wi) as i32),
+        DType::I64 => map1(buf, |x: i64| x / wi),
+    }
+    Ok(())
+}
+
+/// Which kernel family this process uses (`"avx2+f16c"` or `"portable"`), for logs
+/// and benchmark reports.
+pub fn kernel_name() -> &'static str {
+    table().name
+}
+
+fn check_lengths(dtype: DType, lens: &[usize]) -> Result<()> {
+    let size = dtype.size();
+    if lens.iter().any(|&l| l != lens[0] || l % size != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "reduction buffers must have equal lengths that are a multiple of the {dtype} element size {size}; got lengths {lens:?} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Two-operand kernel on aligned typed slices of equal length.
+///
+/// `unsafe` because AVX2 entries may only run on CPUs with the feature; a [`Table`]
+/// only holds entries the running CPU supports.
+type K2<T> = unsafe fn(&mut [T], &[T]);
+/// Three-operand kernel on aligned typed slices of equal length (same contract as [`K2`]).
+type K3<T> = unsafe fn(&mut [T], &[T], &[T]);
+
+/// The kernels for one element type, indexed by [`op_index`].
+struct Ops<T> {
+    two: [K2<T>; 4],
+    three: [K3<T>; 4],
+}
+
+impl<T> Ops<T> {
+    fn new(two: [K2<T>; 4], three: [K3<T>; 4]) -> Self {
+        Ops { two, three }
+    }
+}
+
+/// Every kernel for one instruction-set level.
+struct Table {
+    name: &'static str,
+    f32: Ops<f32>,
+    f64: Ops<f64>,
+    f16: Ops<f16>,
+    bf16: Ops<bf16>,
+    i8: Ops<i8>,
+    u8: Ops<u8>,
+    i32: Ops<i32>,
+    i64: Ops<i64>,
+}
+
+/// Kernels from the generic loops built by `two`/`three` for one element type.
+macro_rules! generic_ops {
+    ($two:ident, $three:ident, $t:ty) => {
+        Ops::new(
+            [
+                $two::<$t, Sum>,
+                $two::<$t, Prod>,
+                $two::<$t, Min>,
+                $two::<$t, Max>,
+            ],
+            [
+                $three::<$t, Sum>,
+                $three::<$t, Prod>,
+                $three::<$t, Min>,
+                $three::<$t, Max>,
+            ],
+        )
+    };
+}
+// Path-based export so `x86.rs` can use it regardless of declaration order.
+pub(crate) use generic_ops;
+
+impl Table {
+    /// Baseline kernels, valid on every CPU.
+    fn portable() -> Table {
+        use kernels::{f16_portable2 as f2, f16_portable3 as f3, portable2, portable3};
+        Table {
+            name: "portable",
+            f32: generic_ops!(portable2, portable3, f32),
+            f64: generic_ops!(portable2, portable3, f64),
+            f16: Ops::new(
+                [f2::<Sum>, f2::<Prod>, f2::<Min>, f2::<Max>],
+                [f3::<Sum>, f3::<Prod>, f3::<Min>, f3::<Max>],
+            ),
+            bf16: generic_ops!(portable2, portable3, bf16),
+            i8: generic_ops!(portable2, portable3, i8),
+            u8: generic_ops!(portable2, portable3, u8),
+            i32: generic_ops!(portable2, portable3, i32),
+            i64: generic_ops!(portable2, portable3, i64),
+        }
+    }
+
+    /// The fastest kernels this CPU supports.
+    fn detect() -> Table {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = x86::table() {
+            return t;
+        }
+        Table::portable()
+    }
+}
+
+/// The process-wide kernel table, detected on first use.
+fn table() -> &'static Table {
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    TABLE.get_or_init(Table::detect)
+}
+
+fn op_index(op: ReduceOp) -> usize {
+    match op.combiner() {
+        ReduceOp::Sum | ReduceOp::Avg => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::Max => 3,
+    }
+}
+
+/// [`reduce_inplace`] with an explicit table; lengths already checked.
+fn inplace_with(t: &Table, dtype: DType, op: ReduceOp, acc: &mut [u8], inc: &[u8]) {
+    let i = op_index(op);
+    match dtype {
+        DType::F32 => run2(t.f32.two[i], acc, inc),
+        DType::F64 => run2(t.f64.two[i], acc, inc),
+        DType::F16 => run2(t.f16.two[i], acc, inc),
+        DType::BF16 => run2(t.bf16.two[i], acc, inc),
+        DType::I8 => run2(t.i8.two[i], acc, inc),
+        DType::U8 => run2(t.u8.two[i], acc, inc),
+        DType::I32 => run2(t.i32.two[i], acc, inc),
+        DType::I64 => run2(t.i64.two[i], acc, inc),
+    }
+}
+
+/// [`reduce_into`] with an explicit table; lengths already checked.
+fn into_with(t: &Table, dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
+    let i = op_index(op);
+    match dtype {
+        DType::F32 => run3(t.f32.three[i], out, a, b),
+        DType::F64 => run3(t.f64.three[i], out, a, b),
+        DType::F16 => run3(t.f16.three[i], out, a, b),
+        DType::BF16 => run3(t.bf16.three[i], out, a, b),
+        DType::I8 => run3(t.i8.three[i], out, a, b),
+        DType::U8 => run3(t.u8.three[i], out, a, b),
+        DType::I32 => run3(t.i32.three[i], out, a, b),
+        DType::I64 => run3(t.i64.three[i], out, a, b),
+    }
+}
+
+/// Bytes per staging block for unaligned operands: small enough that three blocks
+/// stay in L1, large enough that the per-block call and copies are amortised. A
+/// multiple of every element size.
+const BLOCK: usize = 4096;
+
+/// A staging block aligned for every element type.
+#[repr(C, align(64))]
+struct Block([u8; BLOCK]);
+
+fn aligned<T>(s: &[u8]) -> bool {
+    s.as_ptr() as usize % std::mem::align_of::<T>() == 0
+}
+
+fn run2<T: Pod>(k: K2<T>, acc: &mut [u8], inc: &[u8]) {
+    if aligned::<T>(acc) && aligned::<T>(inc) {
+        // SAFETY: `k` comes from a `Table` built for this CPU; the casts cannot fail
+        // (alignment checked above, lengths checked by the caller).
+        unsafe { k(bytemuck::cast_slice_mut(acc), bytemuck::cast_slice(inc)) };
+        return;
+    }
+    let mut x = Block([0; BLOCK]);
+    let mut y = Block([0; BLOCK]);
+    for (ca, ci) in acc.chunks_mut(BLOCK).zip(inc.chunks(BLOCK)) {
+        let n = ca.len();
+        x.0[..n].copy_from_slice(ca);
+        y.0[..n].copy_from_slice(ci);
+        // SAFETY: as above; the blocks are 64-byte aligned and `n` is a multiple of
+        // the element size because BLOCK and the total length are.
+        unsafe {
+            k(
+                bytemuck::cast_slice_mut(&mut x.0[..n]),
+                bytemuck::cast_slice(&y.0[..n]),
+            )
+        };
+        ca.copy_from_slice(&x.0[..n]);
+    }
+}
+
+fn run3<T: Pod>(k: K3<T>, out: &mut [u8], a: &[u8], b: &[u8]) {
+    if aligned::<T>(out) && aligned::<T>(a) && aligned::<T>(b) {
+        // SAFETY: see `run2`.
+        unsafe {
+            k(
+                bytemuck::cast_slice_mut(out),
+                bytemuck::cast_slice(a),
+                bytemuck::cast_slice(b),
+            )
+        };
+        return;
+    }
+    let mut o = Block([0; BLOCK]);
+    let mut x = Block([0; BLOCK]);
+    let mut y = Block([0; BLOCK]);
+    for ((co, ca), cb) in out
+        .chunks_mut(BLOCK)
+        .zip(a.chunks(BLOCK))
+        .zip(b.chunks(BLOCK))
+    {
+        let n = co.len();
+        x.0[..n].copy_from_slice(ca);
+        y.0[..n].copy_from_slice(cb);
+        // SAFETY: see `run2`.
+        unsafe {
+            k(
+                bytemuck::cast_slice_mut(&mut o.0[..n]),
+                bytemuck::cast_slice(&x.0[..n]),
+                bytemuck::cast_slice(&y.0[..n]),
+            )
+        };
+        co.copy_from_slice(&o.0[..n]);
+    }
+}
+
+/// Apply `f` to every element of `buf`, aligned or not.
+fn map1<T: Pod>(buf: &mut [u8], f: impl Fn(T) -> T) {
+    if aligned::<T>(buf) {
+        for x in bytemuck::cast_slice_mut::<u8, T>(buf) {
+            *x = f(*x);
+        }
+    } else {
+        for c in buf.chunks_exact_mut(std::mem::size_of::<T>()) {
+            let v = f(bytemuck::pod_read_unaligned(c));
+            c.copy_from_slice(bytemuck::bytes_of(&v));
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The command line: `braid run` supervision and `braid perf` failure reporting,
+//! with real processes.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use braid::bootstrap::TcpStoreServer;
+
+const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+
+#[test]
+fn run_prefixes_output_with_the_rank_and_sets_the_environment() {
+    let out = Command::new(BRAID)
+        .args(["run", "-n", "3", "--", "sh", "-c", "echo rank=$BRAID_RANK of $BRAID_WORLD_SIZE at $BRAID_STORE"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for r in 0..3 {
+        assert!(text.lines().any(|l| l.starts_with(&format!("[{r}] rank={r} of 3 at tcp://127.0.0.1:"))), "{text}");
+    }
+}
+
+#[test]
+fn run_stops_everyone_when_a_rank_fails() {
+    let t0 = Instant::now();
+    let out = Command::new(BRAID)
+        .args(["run", "-n", "3", "--grace", "0.5", "--", "sh", "-c", "if [ $BRAID_RANK = 1 ]; then exit 3; fi; sleep 60"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank 1 failed (exit code 3)"), "{err}");
+}
+
+/// Start rank processes of `braid perf` by hand (so the test knows their pids).
+fn perf_ranks(store: &str, world: usize, args: impl Fn(usize) -> Vec<String>) -> Vec<std::process::Child> {
+    (0..world)
+        .map(|rank| {
+            Command::new(BRAID)
+                .arg("perf")
+                .args(args(rank))
+                .env("BRAID_RANK", rank.to_string())
+                .env("BRAID_WORLD_SIZE", world.to_string())
+                .env("BRAID_STORE", store)
+                .env("BRAID_TIMEOUT", "30")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn stderr_of(c: &mut std::process::Child) -> String {
+    let mut s = String::new();
+    c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+    s
+}
+
+#[test]
+fn ranks_running_different_collectives_both_fail_naming_both() {
+    let server = TcpStoreServer::bind("127.0.0.1:0").unwrap();
+    let store = format!("tcp://{}", server.local_addr());
+    let mut kids = perf_ranks(&store, 2, |rank| {
+        let op = if rank == 0 { "all-reduce" } else { "broadcast" };
+        ["--op", op, "--min-bytes", "4K", "--max-bytes", "4K", "--check"].map(String::from).to_vec()
+    });
+    for (rank, k) in kids.iter_mut().enumerate() {
+        let status = k.wait().unwrap();
+        let err = stderr_of(k);
+        assert!(!status.success(), "rank {rank} should fail");
+        assert!(err.contains("all-reduce(") && err.contains("broadcast("), "rank {rank}: {err}");
+    }
+}
+
+#[test]
+fn killing_a_rank_mid_sweep_fails_the_others_naming_it() {
+    let server = TcpStoreServer::bind("127.0.0.1:0").unwrap();
+    let store = format!("tcp://{}", server.local_addr());
+    let mut kids = perf_ranks(&store, 3, |_| {
+        ["--min-bytes", "1K", "--max-bytes", "64M", "--iters", "100000"].map(String::from).to_vec()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = kids[1].id() as i32;
+    // SAFETY: plain kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(victim, libc::SIGKILL) }, 0);
+    let killed_at = Instant::now();
+    for rank in [0usize, 2] {
+        let k = &mut kids[rank];
+        let status = loop {
+            if let Some(s) = k.try_wait().unwrap() {
+                break s;
+            }
+            assert!(killed_at.elapsed() < Duration::from_secs(10), "rank {rank} still running 10 s after the kill");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = stderr_of(k);
+        assert!(!status.success(), "rank {rank} must exit non-zero");
+        assert!(err.contains("rank 1"), "rank {rank} must name the dead rank: {err}");
+    }
+    let _ = kids[1].wait();
+}
