@@ -15,9 +15,12 @@ const WORLD: usize = 2;
 
 /// Rank threads that run `iters` all-reduces of `elems` f32 on command; rank 0's
 /// thread is the caller, the others follow over a channel.
+/// A command to follower ranks: all-reduce this many elements this many times (None: stop).
+type Order = Option<(usize, u64)>;
+
 struct Group {
     rank0: Communicator,
-    followers: Vec<(mpsc::Sender<Option<(usize, u64)>>, JoinHandle<()>)>,
+    followers: Vec<(mpsc::Sender<Order>, JoinHandle<()>)>,
 }
 
 impl Group {
@@ -26,7 +29,7 @@ impl Group {
         let followers = comms
             .into_iter()
             .map(|c| {
-                let (tx, rx) = mpsc::channel::<Option<(usize, u64)>>();
+                let (tx, rx) = mpsc::channel::<Order>();
                 let h = std::thread::spawn(move || {
                     let mut buf = Vec::new();
                     while let Ok(Some((elems, iters))) = rx.recv() {
@@ -42,7 +45,7 @@ impl Group {
         Group { rank0, followers }
     }
 
-    fn run(&self, buf: &mut Vec<f32>, iters: u64) -> Duration {
+    fn run(&self, buf: &mut [f32], iters: u64) -> Duration {
         for (tx, _) in &self.followers {
             tx.send(Some((buf.len(), iters))).expect("follower alive");
         }
@@ -68,7 +71,9 @@ fn tcp_comms(world: usize) -> Vec<Communicator> {
     let hs: Vec<_> = (0..world)
         .map(|r| {
             let s = store.clone();
-            std::thread::spawn(move || Communicator::builder(r, world).store(s).socket_ifname("lo").build().expect("tcp"))
+            std::thread::spawn(move || {
+                Communicator::builder(r, world).store(s).socket_ifname("lo").build().expect("tcp")
+            })
         })
         .collect();
     hs.into_iter().map(|h| h.join().expect("builder")).collect()

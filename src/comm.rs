@@ -24,6 +24,9 @@ use crate::transport::tcp::{connect_mesh, MeshOptions};
 use crate::transport::{Link, TransportKind};
 use crate::types::{CallSig, DType, Element, OpKind, ReduceOp};
 
+/// What a cached schedule depends on: op, count, element size, root, algorithm.
+type PlanKey = (OpKind, usize, usize, usize, Option<Algorithm>);
+
 /// State that only the rank's current call touches.
 pub(crate) struct Engine {
     rank: usize,
@@ -39,7 +42,7 @@ pub(crate) struct Engine {
     algorithm: Option<Algorithm>,
     broken: Option<String>,
     scratch: Vec<u8>,
-    plans: HashMap<(OpKind, usize, usize, usize, Option<Algorithm>), Arc<Schedule>>,
+    plans: HashMap<PlanKey, Arc<Schedule>>,
 }
 
 impl Engine {
@@ -119,7 +122,14 @@ impl Engine {
         self.broken = Some(reason);
     }
 
-    fn collective(&mut self, sig: CallSig, input: *const u8, input_len: usize, output: *mut u8, output_len: usize) -> Result<()> {
+    fn collective(
+        &mut self,
+        sig: CallSig,
+        input: *const u8,
+        input_len: usize,
+        output: *mut u8,
+        output_len: usize,
+    ) -> Result<()> {
         let seq = self.coll_seq;
         self.coll_seq += 1;
         let schedule = self.schedule(&sig, self.algorithm)?;
@@ -280,10 +290,12 @@ impl Core {
         match input {
             Some(inp) => {
                 // Non-roots of a broadcast have no input; non-roots of a reduce no output.
-                if !(sig.op == OpKind::Broadcast && !is_root) && inp.len() != in_bytes {
+                let has_input = sig.op != OpKind::Broadcast || is_root;
+                let has_output = sig.op != OpKind::Reduce || is_root;
+                if has_input && inp.len() != in_bytes {
                     return Err(self.arg(format!("{sig}: input has {} bytes, expected {in_bytes}", inp.len())));
                 }
-                if !(sig.op == OpKind::Reduce && !is_root) && out_len != out_bytes {
+                if has_output && out_len != out_bytes {
                     return Err(self.arg(format!("{sig}: output has {out_len} bytes, expected {out_bytes}")));
                 }
                 Ok(Prepared { sig, input: inp.as_ptr(), input_len: inp.len(), output: base, output_len: out_len })
@@ -407,7 +419,9 @@ impl CommunicatorBuilder {
             Some(s) => s,
             None => {
                 let url = cfg.store.as_deref().ok_or_else(|| {
-                    Error::Config("no store: set BRAID_STORE (tcp://HOST:PORT or file:///PATH) or pass one to the builder".into())
+                    Error::Config(
+                        "no store: set BRAID_STORE (tcp://HOST:PORT or file:///PATH) or pass one to the builder".into(),
+                    )
                 })?;
                 connect_store(url, cfg.rank == 0, cfg.timeout)?
             }
@@ -421,7 +435,14 @@ impl CommunicatorBuilder {
         opts.comm_id = comm_id as u64;
         let links = connect_mesh(&opts, &scoped)?;
         let links = links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
-        Ok(Communicator::from_links(cfg.rank, cfg.world_size, links, comm_id, &cfg, WaitPolicy::for_ranks(cfg.world_size)))
+        Ok(Communicator::from_links(
+            cfg.rank,
+            cfg.world_size,
+            links,
+            comm_id,
+            &cfg,
+            WaitPolicy::for_ranks(cfg.world_size),
+        ))
     }
 }
 
@@ -496,8 +517,12 @@ impl Communicator {
             scratch: Vec::new(),
             plans: HashMap::new(),
         };
-        let shared =
-            Shared { engine: Mutex::new(engine), next_ticket: AtomicU64::new(0), serving: Mutex::new(0), turn: Condvar::new() };
+        let shared = Shared {
+            engine: Mutex::new(engine),
+            next_ticket: AtomicU64::new(0),
+            serving: Mutex::new(0),
+            turn: Condvar::new(),
+        };
         Communicator { core: Arc::new(Core { rank, world, shared }), transports, worker: Mutex::new(None) }
     }
 
@@ -548,7 +573,15 @@ impl Communicator {
         self.core.p2p_at(t, OpKind::Recv, buf.as_mut_ptr(), buf.len(), dtype, peer)
     }
 
-    fn typed<T: Element>(&self, op: OpKind, count: usize, root: usize, rop: ReduceOp, input: Option<&[T]>, out: &mut [T]) -> Result<()> {
+    fn typed<T: Element>(
+        &self,
+        op: OpKind,
+        count: usize,
+        root: usize,
+        rop: ReduceOp,
+        input: Option<&[T]>,
+        out: &mut [T],
+    ) -> Result<()> {
         let sig = CallSig::new(op, T::DTYPE, count as u64, root as u32, rop);
         self.collective_bytes(sig, input.map(bytemuck::cast_slice), bytemuck::cast_slice_mut(out))
     }
@@ -679,7 +712,9 @@ impl Communicator {
     }
     /// Asynchronous barrier.
     pub fn barrier_async(&self) -> Work<()> {
-        self.spawn(|core, t| core.collective_at(t, CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), None, &mut []))
+        self.spawn(|core, t| {
+            core.collective_at(t, CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), None, &mut [])
+        })
     }
 }
 

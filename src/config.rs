@@ -91,8 +91,7 @@ impl Config {
                 .ok_or_else(|| Error::Config("BRAID_RANK is set but BRAID_WORLD_SIZE is not".into()))?;
             (rank, world, num("BRAID_LOCAL_RANK")?, get("BRAID_STORE"), "braid")
         } else if let Some(rank) = num("RANK")? {
-            let world =
-                num("WORLD_SIZE")?.ok_or_else(|| Error::Config("RANK is set but WORLD_SIZE is not".into()))?;
+            let world = num("WORLD_SIZE")?.ok_or_else(|| Error::Config("RANK is set but WORLD_SIZE is not".into()))?;
             let store = get("BRAID_STORE").or_else(|| match (get("MASTER_ADDR"), get("MASTER_PORT")) {
                 (Some(a), Some(p)) => Some(format!("tcp://{a}:{p}")),
                 _ => None,
@@ -232,11 +231,13 @@ mod tests {
 
     #[test]
     fn launchers() {
-        let t = cfg(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")]).unwrap();
+        let t =
+            cfg(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")]).unwrap();
         assert_eq!((t.rank, t.launcher), (1, "torchrun"));
         assert_eq!(t.store.as_deref(), Some("tcp://10.0.0.1:29500"));
-        let m = cfg(&[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")])
-            .unwrap();
+        let m =
+            cfg(&[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")])
+                .unwrap();
         assert_eq!((m.rank, m.world_size, m.local_rank, m.launcher), (3, 8, Some(1), "mpi"));
         let s = cfg(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]).unwrap();
         assert_eq!(s.launcher, "slurm");

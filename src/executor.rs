@@ -195,7 +195,12 @@ struct InMsg {
 }
 
 /// Run `schedule` over `channels` (indexed by peer rank) with `bufs`.
-pub fn execute(schedule: &Schedule, channels: &mut [Option<Channel>], bufs: &mut Buffers, call: &CallInfo) -> Result<()> {
+pub fn execute(
+    schedule: &Schedule,
+    channels: &mut [Option<Channel>],
+    bufs: &mut Buffers,
+    call: &CallInfo,
+) -> Result<()> {
     if bufs.scratch.len() < schedule.scratch_bytes {
         bufs.scratch.resize(schedule.scratch_bytes, 0);
     }
@@ -263,7 +268,7 @@ fn segments(len: usize) -> impl Iterator<Item = (usize, usize)> {
 fn local_copy(bufs: &mut Buffers, src: &Region, dst: &Region) -> Result<()> {
     let s = bufs.ptr(src)? as *const u8;
     let d = bufs.ptr(dst)?;
-    if s != d as *const u8 && src.len > 0 {
+    if !std::ptr::eq(s, d) && src.len > 0 {
         // SAFETY: both ranges are inside their buffers; `copy` tolerates overlap.
         unsafe { std::ptr::copy(s, d, src.len.min(dst.len)) };
     }
@@ -343,7 +348,12 @@ fn run_transfers(
 
 /// Block in poll(2) until a link with queued work is ready. Returns false when some
 /// link has no descriptor, so the caller must sleep instead.
-fn block_on_fds(channels: &[Option<Channel>], outq: &[VecDeque<OutMsg>], inq: &[VecDeque<InMsg>], max: Duration) -> bool {
+fn block_on_fds(
+    channels: &[Option<Channel>],
+    outq: &[VecDeque<OutMsg>],
+    inq: &[VecDeque<InMsg>],
+    max: Duration,
+) -> bool {
     let mut fds = Vec::with_capacity(channels.len());
     for (peer, ch) in channels.iter().enumerate() {
         let Some(ch) = ch else { continue };
@@ -419,8 +429,11 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                 if *have < HEADER_LEN {
                     continue;
                 }
-                let h = Header::decode(&ch.hdr)
-                    .map_err(|detail| Error::Protocol { ctx: call.ctx.clone(), peer, detail })?;
+                let h = Header::decode(&ch.hdr).map_err(|detail| Error::Protocol {
+                    ctx: call.ctx.clone(),
+                    peer,
+                    detail,
+                })?;
                 ch.rx = match h.kind {
                     FrameKind::Data => Rx::Ready(h),
                     FrameKind::Abort => Rx::Reason { want: (h.len as usize).min(MAX_REASON), buf: Vec::new() },
@@ -506,7 +519,7 @@ fn reduce_arrived(ch: &mut Channel, m: &mut InMsg, call: &CallInfo) -> Result<()
     // SAFETY: [lo, hi) lies inside the segment's dst/src ranges; src is either the
     // same memory as dst or disjoint from it (checked when queued).
     unsafe {
-        if src == m.dst as *const u8 {
+        if std::ptr::eq(src, m.dst) {
             reduce::reduce_inplace(call.dtype, op, std::slice::from_raw_parts_mut(m.dst.add(lo), hi - lo), inc)?;
         } else {
             reduce::reduce_into(

@@ -99,14 +99,7 @@ impl Header {
 
     /// A control frame (abort or goodbye) with a payload of `len` bytes.
     pub fn control(kind: FrameKind, comm_id: u32, epoch: u8, len: u32) -> Header {
-        Header {
-            kind,
-            comm_id,
-            epoch,
-            seq: 0,
-            sig: CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum),
-            len,
-        }
+        Header { kind, comm_id, epoch, seq: 0, sig: CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), len }
     }
 }
 

@@ -27,16 +27,8 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in wire-code order.
-    pub const ALL: [DType; 8] = [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::I64,
-    ];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32, DType::I64];
 
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
@@ -120,13 +112,7 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every operator, in wire-code order.
-    pub const ALL: [ReduceOp; 5] = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Avg,
-    ];
+    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
 
     /// Short lower-case name (`sum`, `prod`, ...).
     pub const fn name(self) -> &'static str {

@@ -26,7 +26,17 @@ fn run_prefixes_output_with_the_rank_and_sets_the_environment() {
 fn run_stops_everyone_when_a_rank_fails() {
     let t0 = Instant::now();
     let out = Command::new(BRAID)
-        .args(["run", "-n", "3", "--grace", "0.5", "--", "sh", "-c", "if [ $BRAID_RANK = 1 ]; then exit 3; fi; sleep 60"])
+        .args([
+            "run",
+            "-n",
+            "3",
+            "--grace",
+            "0.5",
+            "--",
+            "sh",
+            "-c",
+            "if [ $BRAID_RANK = 1 ]; then exit 3; fi; sleep 60",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3));

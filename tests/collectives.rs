@@ -28,20 +28,36 @@ macro_rules! int_elem {
 }
 int_elem!(i8, u8, i32, i64);
 impl TestElem for f32 {
-    fn from_i64(v: i64) -> Self { v as f32 }
-    fn avg(sum: i64, world: usize) -> Self { sum as f32 / world as f32 }
+    fn from_i64(v: i64) -> Self {
+        v as f32
+    }
+    fn avg(sum: i64, world: usize) -> Self {
+        sum as f32 / world as f32
+    }
 }
 impl TestElem for f64 {
-    fn from_i64(v: i64) -> Self { v as f64 }
-    fn avg(sum: i64, world: usize) -> Self { sum as f64 / world as f64 }
+    fn from_i64(v: i64) -> Self {
+        v as f64
+    }
+    fn avg(sum: i64, world: usize) -> Self {
+        sum as f64 / world as f64
+    }
 }
 impl TestElem for f16 {
-    fn from_i64(v: i64) -> Self { f16::from_f32(v as f32) }
-    fn avg(sum: i64, world: usize) -> Self { f16::from_f32(f16::from_f32(sum as f32).to_f32() / world as f32) }
+    fn from_i64(v: i64) -> Self {
+        f16::from_f32(v as f32)
+    }
+    fn avg(sum: i64, world: usize) -> Self {
+        f16::from_f32(f16::from_f32(sum as f32).to_f32() / world as f32)
+    }
 }
 impl TestElem for bf16 {
-    fn from_i64(v: i64) -> Self { bf16::from_f32(v as f32) }
-    fn avg(sum: i64, world: usize) -> Self { bf16::from_f32(bf16::from_f32(sum as f32).to_f32() / world as f32) }
+    fn from_i64(v: i64) -> Self {
+        bf16::from_f32(v as f32)
+    }
+    fn avg(sum: i64, world: usize) -> Self {
+        bf16::from_f32(bf16::from_f32(sum as f32).to_f32() / world as f32)
+    }
 }
 
 const PERIOD: usize = 5;

@@ -1,5 +1,183 @@
-//! Planner dispatch (stub, replaced by the planner work).
-use super::{PlanRequest, Schedule};
-pub(crate) fn plan(_req: &PlanRequest) -> Result<Schedule, String> {
-    Err("not yet planned".into())
+//! Planner dispatch: validates a request, picks the default algorithm, and routes
+//! to the per-algorithm planners. Also holds the small helpers they share (element
+//! chunking and a schedule builder that keeps the invariants the executor and the
+//! checker rely on).
+
+use super::{chain, direct, pairwise, ring, tree};
+use super::{Algorithm, PlanParams, PlanRequest, Region, Round, Schedule, Step};
+use crate::types::OpKind;
+
+/// The algorithm used when a request names none: a pure function of the op, the
+/// world size and the message size, with every threshold in [`PlanParams`] so a
+/// tuner can replace the rule wholesale.
+///
+/// - all-reduce, all-gather, reduce-scatter: `Direct` when the bytes each rank sends
+///   (`count * elem_size * (world - 1)`) are at most `direct_max_bytes` and
+///   `world <= direct_max_world`, else `Ring`;
+/// - broadcast, reduce: `Tree` up to `tree_max_bytes` (`count * elem_size`), else
+///   `Chain`;
+/// - barrier: `Dissemination`; all-to-all: `Pairwise`.
+///
+/// Errors for point-to-point ops, which have no schedule.
+pub fn default_algorithm(req: &PlanRequest, params: &PlanParams) -> Result<Algorithm, String> {
+    let bytes = req.count.saturating_mul(req.elem_size);
+    Ok(match req.op {
+        OpKind::AllReduce | OpKind::AllGather | OpKind::ReduceScatter => {
+            let sent = bytes.saturating_mul(req.world.saturating_sub(1));
+            if sent <= params.direct_max_bytes && req.world <= params.direct_max_world {
+                Algorithm::Direct
+            } else {
+                Algorithm::Ring
+            }
+        }
+        OpKind::Broadcast | OpKind::Reduce => {
+            if bytes <= params.tree_max_bytes {
+                Algorithm::Tree
+            } else {
+                Algorithm::Chain
+            }
+        }
+        OpKind::Barrier => Algorithm::Dissemination,
+        OpKind::AllToAll => Algorithm::Pairwise,
+        OpKind::Send | OpKind::Recv => {
+            return Err(format!("{} is point-to-point and has no collective schedule", req.op))
+        }
+    })
+}
+
+/// Validate, choose, plan.
+pub(crate) fn plan(req: &PlanRequest, params: &PlanParams) -> Result<Schedule, String> {
+    if req.world == 0 {
+        return Err(format!("{}: world size must be at least 1", req.op));
+    }
+    if req.rank >= req.world {
+        return Err(format!("{}: rank {} outside world of {}", req.op, req.rank, req.world));
+    }
+    if req.elem_size == 0 {
+        return Err(format!("{}: element size must be at least 1 byte", req.op));
+    }
+    if req.op.rooted() && req.root >= req.world {
+        return Err(format!("{}: root {} outside world of {}", req.op, req.root, req.world));
+    }
+    // Buffer sizes must be representable; everything below multiplies freely.
+    if req.count.checked_mul(req.elem_size).and_then(|b| b.checked_mul(req.world.max(2))).is_none() {
+        return Err(format!("{}: count {} x {} bytes overflows", req.op, req.count, req.elem_size));
+    }
+    let alg = match req.algorithm {
+        Some(a) => a,
+        None => default_algorithm(req, params)?,
+    };
+    let unsupported = || {
+        let names: Vec<&str> = super::algorithms_for(req.op).iter().map(|a| a.name()).collect();
+        let expected = if names.is_empty() { "none; it is point-to-point".to_string() } else { names.join(", ") };
+        Err(format!("algorithm `{alg}` does not implement {} (available: {expected})", req.op))
+    };
+    match (req.op, alg) {
+        (OpKind::AllReduce, Algorithm::Ring) => Ok(ring::all_reduce(req)),
+        (OpKind::AllReduce, Algorithm::Direct) => Ok(direct::all_reduce(req)),
+        (OpKind::AllGather, Algorithm::Ring) => Ok(ring::all_gather(req)),
+        (OpKind::AllGather, Algorithm::Direct) => Ok(direct::all_gather(req)),
+        (OpKind::ReduceScatter, Algorithm::Ring) => Ok(ring::reduce_scatter(req)),
+        (OpKind::ReduceScatter, Algorithm::Direct) => Ok(direct::reduce_scatter(req)),
+        (OpKind::Broadcast, Algorithm::Chain) => Ok(chain::broadcast(req, params)),
+        (OpKind::Broadcast, Algorithm::Tree) => Ok(tree::broadcast(req)),
+        (OpKind::Reduce, Algorithm::Chain) => Ok(chain::reduce(req, params)),
+        (OpKind::Reduce, Algorithm::Tree) => Ok(tree::reduce(req)),
+        (OpKind::Barrier, Algorithm::Dissemination) => Ok(pairwise::barrier(req)),
+        (OpKind::AllToAll, Algorithm::Pairwise) => Ok(pairwise::all_to_all(req)),
+        _ => unsupported(),
+    }
+}
+
+/// Element range `(start, len)` of chunk `j` when `count` elements are split into
+/// `parts` chunks as evenly as possible (the first `count % parts` chunks carry one
+/// extra element; chunks are empty when `count < parts`).
+pub(super) fn chunk(count: usize, parts: usize, j: usize) -> (usize, usize) {
+    let (q, r) = (count / parts, count % parts);
+    (j * q + j.min(r), q + usize::from(j < r))
+}
+
+/// Builds a [`Schedule`] round by round while keeping the invariants: local steps
+/// precede transfers within a round, zero-length steps are never emitted (a rank
+/// with an empty chunk simply skips, and so does its peer, since both compute the
+/// same chunk), and trailing empty rounds are dropped.
+pub(super) struct Builder {
+    rounds: Vec<Round>,
+}
+
+impl Builder {
+    pub(super) fn new() -> Builder {
+        Builder { rounds: Vec::new() }
+    }
+
+    fn round(&mut self, t: usize) -> &mut Round {
+        if self.rounds.len() <= t {
+            self.rounds.resize_with(t + 1, Round::default);
+        }
+        &mut self.rounds[t]
+    }
+
+    /// Add `step` to round `t` unless it moves no bytes.
+    pub(super) fn push(&mut self, t: usize, step: Step) {
+        if step_len(&step) > 0 {
+            self.round(t).steps.push(step);
+        }
+    }
+
+    /// Add a zero-length message (barrier) to round `t`.
+    pub(super) fn push_empty(&mut self, t: usize, step: Step) {
+        self.round(t).steps.push(step);
+    }
+
+    /// Add a local `Copy`.
+    pub(super) fn copy(&mut self, t: usize, src: Region, dst: Region) {
+        self.push(t, Step::Copy { src, dst });
+    }
+
+    /// Add a local `Reduce` (`dst = dst ⊕ src`).
+    pub(super) fn reduce(&mut self, t: usize, src: Region, dst: Region) {
+        self.push(t, Step::Reduce { src, dst });
+    }
+
+    /// Add a `Send`.
+    pub(super) fn send(&mut self, t: usize, peer: usize, src: Region) {
+        self.push(t, Step::Send { peer, src });
+    }
+
+    /// Add a `Recv`.
+    pub(super) fn recv(&mut self, t: usize, peer: usize, dst: Region) {
+        self.push(t, Step::Recv { peer, dst });
+    }
+
+    /// Add a `RecvReduce` (`dst = src ⊕ received`).
+    pub(super) fn recv_reduce(&mut self, t: usize, peer: usize, src: Region, dst: Region) {
+        self.push(t, Step::RecvReduce { peer, src, dst });
+    }
+
+    /// The finished schedule. `finalize` regions of length zero are dropped.
+    pub(super) fn finish(mut self, algorithm: Algorithm, scratch_bytes: usize, finalize: Vec<Region>) -> Schedule {
+        for r in &mut self.rounds {
+            // Stable: keeps the order among locals and among transfers.
+            r.steps.sort_by_key(|s| s.peer().is_some());
+        }
+        while self.rounds.last().is_some_and(|r| r.steps.is_empty()) {
+            self.rounds.pop();
+        }
+        Schedule {
+            algorithm,
+            rounds: self.rounds,
+            scratch_bytes,
+            finalize: finalize.into_iter().filter(|r| r.len > 0).collect(),
+        }
+    }
+}
+
+/// Bytes a step moves.
+fn step_len(s: &Step) -> usize {
+    match s {
+        Step::Send { src, .. } => src.len,
+        Step::Recv { dst, .. } | Step::RecvReduce { dst, .. } | Step::Reduce { dst, .. } | Step::Copy { dst, .. } => {
+            dst.len
+        }
+    }
 }

@@ -11,9 +11,17 @@
 //! Steps say *what* moves, not *how*: the executor decides whether a receive lands
 //! in a staging chunk or straight in place, and how a long transfer is pipelined.
 
+mod chain;
 pub mod check;
 mod collectives;
+mod direct;
+mod pairwise;
 pub mod ring;
+#[cfg(test)]
+mod tests;
+mod tree;
+
+pub use collectives::default_algorithm;
 
 use std::fmt;
 use std::str::FromStr;
@@ -170,11 +178,9 @@ impl FromStr for Algorithm {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let s = s.to_ascii_lowercase();
-        Algorithm::ALL
-            .iter()
-            .copied()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| format!("unknown algorithm `{s}` (expected ring, direct, chain, tree, dissemination, pairwise or auto)"))
+        Algorithm::ALL.iter().copied().find(|a| a.name() == s).ok_or_else(|| {
+            format!("unknown algorithm `{s}` (expected ring, direct, chain, tree, dissemination, pairwise or auto)")
+        })
     }
 }
 
@@ -259,7 +265,44 @@ pub fn algorithms_for(op: OpKind) -> &'static [Algorithm] {
     }
 }
 
+/// Tunables of the planners. `Default` gives the built-in values; a tuner may plan
+/// with others (and the checker and tests use tiny segments to exercise pipelining).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanParams {
+    /// Segment size of the pipelined chain (broadcast, reduce), rounded down to whole
+    /// elements (at least one). Smaller segments fill the chain sooner; larger ones
+    /// pay less per-message overhead.
+    pub chain_segment_bytes: usize,
+    /// Default choice: `Direct` for all-reduce, all-gather and reduce-scatter when the
+    /// bytes each rank sends, `count * elem_size * (world - 1)`, are at most this...
+    pub direct_max_bytes: usize,
+    /// ...and the world is at most this large (Direct opens `world - 1` transfers at
+    /// once and keeps `world - 1` buffers of scratch).
+    pub direct_max_world: usize,
+    /// Default choice: `Tree` for broadcast and reduce up to this many bytes, `Chain`
+    /// above (the chain's bandwidth wins once the message is long enough to pipeline).
+    pub tree_max_bytes: usize,
+}
+
+impl Default for PlanParams {
+    fn default() -> Self {
+        PlanParams {
+            chain_segment_bytes: 512 * 1024,
+            direct_max_bytes: 64 * 1024,
+            direct_max_world: 8,
+            tree_max_bytes: 64 * 1024,
+        }
+    }
+}
+
 /// Plan `req` for its rank. Errors when the algorithm does not implement the op.
 pub fn plan(req: &PlanRequest) -> Result<Schedule, String> {
-    collectives::plan(req)
+    plan_with(req, &PlanParams::default())
+}
+
+/// Plan `req` for its rank with explicit tunables. Errors when the request is
+/// malformed (rank or root outside the world, zero element size) or the algorithm
+/// does not implement the op.
+pub fn plan_with(req: &PlanRequest, params: &PlanParams) -> Result<Schedule, String> {
+    collectives::plan(req, params)
 }

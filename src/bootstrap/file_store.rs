@@ -40,19 +40,11 @@ impl FileStore {
     /// Open the store in directory `path`, creating it (and its parents) if absent.
     pub fn open(path: impl AsRef<Path>) -> Result<FileStore> {
         let dir = path.as_ref().to_path_buf();
-        fs::create_dir_all(&dir).map_err(|e| {
-            Error::io(
-                format!("creating file store directory {}", dir.display()),
-                e,
-            )
-        })?;
-        let meta = fs::metadata(&dir)
-            .map_err(|e| Error::io(format!("opening file store {}", dir.display()), e))?;
+        fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating file store directory {}", dir.display()), e))?;
+        let meta = fs::metadata(&dir).map_err(|e| Error::io(format!("opening file store {}", dir.display()), e))?;
         if !meta.is_dir() {
-            return Err(Error::Config(format!(
-                "file store path {} is not a directory",
-                dir.display()
-            )));
+            return Err(Error::Config(format!("file store path {} is not a directory", dir.display())));
         }
         tracing::debug!(dir = %dir.display(), "file store opened");
         Ok(FileStore { dir })
@@ -78,15 +70,10 @@ impl FileStore {
     /// Write `value` to `target` atomically: a reader never sees a partial file.
     fn write_atomic(&self, key: &str, target: &Path, value: &[u8]) -> Result<()> {
         let tmp = self.dir.join(temp_name());
-        let written = File::create(&tmp)
-            .and_then(|mut f| f.write_all(value))
-            .and_then(|()| fs::rename(&tmp, target));
+        let written = File::create(&tmp).and_then(|mut f| f.write_all(value)).and_then(|()| fs::rename(&tmp, target));
         written.map_err(|e| {
             let _ = fs::remove_file(&tmp);
-            Error::io(
-                format!("file store {}: writing key `{key}`", self.dir.display()),
-                e,
-            )
+            Error::io(format!("file store {}: writing key `{key}`", self.dir.display()), e)
         })
     }
 
@@ -94,10 +81,7 @@ impl FileStore {
         match fs::read(path) {
             Ok(v) => Ok(Some(v)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io(
-                format!("file store {}: reading key `{key}`", self.dir.display()),
-                e,
-            )),
+            Err(e) => Err(Error::io(format!("file store {}: reading key `{key}`", self.dir.display()), e)),
         }
     }
 
@@ -105,13 +89,7 @@ impl FileStore {
     /// and by the kernel if this process dies holding it.
     fn lock(&self) -> Result<Flock<File>> {
         let path = self.dir.join(LOCK_FILE);
-        let what = || {
-            format!(
-                "file store {}: locking {}",
-                self.dir.display(),
-                path.display()
-            )
-        };
+        let what = || format!("file store {}: locking {}", self.dir.display(), path.display());
         let mut file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -140,10 +118,7 @@ impl Store for FileStore {
     }
 
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        let paths = keys
-            .iter()
-            .map(|k| self.key_path(k))
-            .collect::<Result<Vec<_>>>()?;
+        let paths = keys.iter().map(|k| self.key_path(k)).collect::<Result<Vec<_>>>()?;
         let deadline = Instant::now().checked_add(timeout);
         let mut pause = POLL_START;
         // Keys only ever appear while we wait (deletes are not expected mid-rendezvous),
@@ -153,14 +128,7 @@ impl Store for FileStore {
             let mut still = Vec::with_capacity(pending.len());
             for &i in &pending {
                 let exists = paths[i].try_exists().map_err(|e| {
-                    Error::io(
-                        format!(
-                            "file store {}: checking key `{}`",
-                            self.dir.display(),
-                            keys[i]
-                        ),
-                        e,
-                    )
+                    Error::io(format!("file store {}: checking key `{}`", self.dir.display(), keys[i]), e)
                 })?;
                 if !exists {
                     still.push(i);
@@ -189,15 +157,9 @@ impl Store for FileStore {
         let _guard = self.lock()?;
         let current = match self.read(key, &path)? {
             None => 0,
-            Some(v) => std::str::from_utf8(&v)
-                .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
-                .ok_or_else(|| {
-                    Error::Store(format!(
-                        "file store {}: key `{key}` does not hold an integer",
-                        self.dir.display()
-                    ))
-                })?,
+            Some(v) => std::str::from_utf8(&v).ok().and_then(|s| s.trim().parse::<i64>().ok()).ok_or_else(|| {
+                Error::Store(format!("file store {}: key `{key}` does not hold an integer", self.dir.display()))
+            })?,
         };
         let next = current.wrapping_add(delta);
         self.write_atomic(key, &path, next.to_string().as_bytes())?;
@@ -209,10 +171,7 @@ impl Store for FileStore {
         match fs::remove_file(&path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(Error::io(
-                format!("file store {}: deleting key `{key}`", self.dir.display()),
-                e,
-            )),
+            Err(e) => Err(Error::io(format!("file store {}: deleting key `{key}`", self.dir.display()), e)),
         }
     }
 }
@@ -238,11 +197,7 @@ fn encode_key(key: &str) -> String {
 fn temp_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     static TAG: OnceLock<u64> = OnceLock::new();
-    let tag = *TAG.get_or_init(|| {
-        std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish()
-    });
+    let tag = *TAG.get_or_init(|| std::collections::hash_map::RandomState::new().build_hasher().finish());
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!(".tmp-{}-{tag:016x}-{n}", std::process::id())
 }
@@ -257,12 +212,8 @@ mod tests {
 
     impl TempDir {
         fn new(name: &str) -> TempDir {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos();
-            let dir = std::env::temp_dir()
-                .join(format!("braid-fs-{name}-{}-{nanos}", std::process::id()));
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+            let dir = std::env::temp_dir().join(format!("braid-fs-{name}-{}-{nanos}", std::process::id()));
             TempDir(dir)
         }
     }
@@ -300,32 +251,15 @@ mod tests {
     fn awkward_keys_are_distinct_and_stay_inside_the_directory() {
         let dir = TempDir::new("keys");
         let s = FileStore::open(&dir.0).unwrap();
-        let keys = [
-            "a/b",
-            "a%2Fb",
-            "a_2Fb",
-            "..",
-            ".",
-            "",
-            ".lock",
-            "host:29500/rank 0",
-            "ключ",
-            "a\nb",
-        ];
+        let keys = ["a/b", "a%2Fb", "a_2Fb", "..", ".", "", ".lock", "host:29500/rank 0", "ключ", "a\nb"];
         for (i, k) in keys.iter().enumerate() {
             s.set(k, i.to_string().as_bytes()).unwrap();
         }
         for (i, k) in keys.iter().enumerate() {
-            assert_eq!(
-                s.get(k).unwrap().unwrap(),
-                i.to_string().as_bytes(),
-                "key {k:?}"
-            );
+            assert_eq!(s.get(k).unwrap().unwrap(), i.to_string().as_bytes(), "key {k:?}");
         }
         // Every key is a plain file directly inside the directory.
-        let files = fs::read_dir(&dir.0)
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_file());
+        let files = fs::read_dir(&dir.0).unwrap().filter(|e| e.as_ref().unwrap().file_type().unwrap().is_file());
         assert_eq!(files.count(), keys.len());
         let err = s.set(&"x".repeat(300), b"v").unwrap_err().to_string();
         assert!(err.contains("too long"), "{err}");
@@ -342,10 +276,7 @@ mod tests {
             other.set("late/key", b"v").unwrap();
         });
         let start = Instant::now();
-        assert_eq!(
-            s.wait_get("late/key", Duration::from_secs(5)).unwrap(),
-            b"v"
-        );
+        assert_eq!(s.wait_get("late/key", Duration::from_secs(5)).unwrap(), b"v");
         assert!(start.elapsed() < Duration::from_secs(2));
         setter.join().unwrap();
     }
@@ -356,16 +287,11 @@ mod tests {
         let s = FileStore::open(&dir.0).unwrap();
         s.set("here", b"1").unwrap();
         let start = Instant::now();
-        let err = s
-            .wait(&["here", "missing/key"], Duration::from_millis(80))
-            .unwrap_err();
+        let err = s.wait(&["here", "missing/key"], Duration::from_millis(80)).unwrap_err();
         assert!(start.elapsed() >= Duration::from_millis(80));
         assert!(matches!(err, Error::Store(_)), "{err:?}");
         let msg = err.to_string();
-        assert!(
-            msg.contains("\"missing/key\"") && !msg.contains("\"here\""),
-            "{msg}"
-        );
+        assert!(msg.contains("\"missing/key\"") && !msg.contains("\"here\""), "{msg}");
     }
 
     #[test]

@@ -19,10 +19,7 @@ pub struct PrefixStore {
 impl PrefixStore {
     /// A view of `inner` under `prefix`.
     pub fn new(prefix: impl Into<String>, inner: Arc<dyn Store>) -> PrefixStore {
-        PrefixStore {
-            prefix: prefix.into(),
-            inner,
-        }
+        PrefixStore { prefix: prefix.into(), inner }
     }
 
     /// The prefix this view adds (without the `/` separator).
@@ -42,9 +39,7 @@ impl PrefixStore {
 
 impl std::fmt::Debug for PrefixStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PrefixStore")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
+        f.debug_struct("PrefixStore").field("prefix", &self.prefix).finish_non_exhaustive()
     }
 }
 
@@ -138,10 +133,7 @@ mod tests {
         let (_mem, s) = stores();
         s.set("here", b"1").unwrap();
         let start = Instant::now();
-        let err = s
-            .wait(&["here", "missing"], Duration::from_millis(60))
-            .unwrap_err()
-            .to_string();
+        let err = s.wait(&["here", "missing"], Duration::from_millis(60)).unwrap_err().to_string();
         assert!(start.elapsed() >= Duration::from_millis(60));
         assert!(err.contains("job7/missing"), "{err}");
         assert!(!err.contains("job7/here"), "{err}");

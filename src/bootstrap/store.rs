@@ -25,8 +25,7 @@ pub trait Store: Send + Sync {
     /// Wait for `key` and return its value.
     fn wait_get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         self.wait(&[key], timeout)?;
-        self.get(key)?
-            .ok_or_else(|| Error::Store(format!("key `{key}` vanished between wait and get")))
+        self.get(key)?.ok_or_else(|| Error::Store(format!("key `{key}` vanished between wait and get")))
     }
 }
 
@@ -41,8 +40,6 @@ pub fn connect_store(url: &str, host_if_absent: bool, timeout: Duration) -> Resu
     } else if let Some(path) = url.strip_prefix("file://") {
         Ok(Arc::new(crate::bootstrap::FileStore::open(path)?))
     } else {
-        Err(Error::Config(format!(
-            "unsupported store URL `{url}` (expected tcp://HOST:PORT or file:///PATH)"
-        )))
+        Err(Error::Config(format!("unsupported store URL `{url}` (expected tcp://HOST:PORT or file:///PATH)")))
     }
 }

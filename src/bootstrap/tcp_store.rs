@@ -54,22 +54,13 @@ impl TcpStore {
     /// is not up yet; fails once `timeout` passes, naming the address.
     pub fn connect(addr: &str, timeout: Duration) -> Result<TcpStore> {
         let (stream, peer) = connect_retry(addr, timeout)?;
-        Ok(TcpStore {
-            addr: addr.to_owned(),
-            peer,
-            idle: Mutex::new(vec![stream]),
-            server: None,
-        })
+        Ok(TcpStore { addr: addr.to_owned(), peer, idle: Mutex::new(vec![stream]), server: None })
     }
 
     /// When `host_if_absent`, host the server at `addr` in this process if the port
     /// is free (the server then lives as long as the returned client), and connect
     /// as a plain client if it is taken or the address is not local. Otherwise connect.
-    pub fn connect_or_host(
-        addr: &str,
-        host_if_absent: bool,
-        timeout: Duration,
-    ) -> Result<TcpStore> {
+    pub fn connect_or_host(addr: &str, host_if_absent: bool, timeout: Duration) -> Result<TcpStore> {
         if host_if_absent {
             match bind_listener(addr) {
                 Ok(listener) => {
@@ -84,16 +75,8 @@ impl TcpStore {
                         server: Some(server),
                     });
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable
-                    ) =>
-                {
-                    tracing::debug!(
-                        addr,
-                        "not hosting the tcp store ({e}); connecting as a client"
-                    );
+                Err(e) if matches!(e.kind(), io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable) => {
+                    tracing::debug!(addr, "not hosting the tcp store ({e}); connecting as a client");
                 }
                 Err(e) => return Err(Error::io(format!("hosting the tcp store at {addr}"), e)),
             }
@@ -127,13 +110,7 @@ impl TcpStore {
             Some(s) => s,
             None => {
                 let s = TcpStream::connect_timeout(&self.peer, IO_TIMEOUT).map_err(|e| {
-                    Error::io(
-                        format!(
-                            "tcp store {}: {what}: connecting to {}",
-                            self.addr, self.peer
-                        ),
-                        e,
-                    )
+                    Error::io(format!("tcp store {}: {what}: connecting to {}", self.addr, self.peer), e)
                 })?;
                 let _ = s.set_nodelay(true);
                 s
@@ -166,12 +143,8 @@ impl std::fmt::Debug for TcpStore {
 /// through loopback of the same family.
 fn connectable(local: SocketAddr) -> SocketAddr {
     match local.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), local.port())
-        }
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), local.port())
-        }
+        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), local.port()),
+        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), local.port()),
         _ => local,
     }
 }
@@ -183,9 +156,7 @@ fn connect_retry(addr: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr
     loop {
         match addr.to_socket_addrs() {
             Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                return Err(Error::Config(format!(
-                    "tcp store address `{addr}` is not HOST:PORT: {e}"
-                )));
+                return Err(Error::Config(format!("tcp store address `{addr}` is not HOST:PORT: {e}")));
             }
             // Name resolution may fail while the cluster's DNS is still settling: retry.
             Err(e) => last = e,
@@ -206,10 +177,7 @@ fn connect_retry(addr: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(Error::io(
-                format!("connecting to the tcp store at {addr} (gave up after {timeout:?})"),
-                last,
-            ));
+            return Err(Error::io(format!("connecting to the tcp store at {addr} (gave up after {timeout:?})"), last));
         }
         std::thread::sleep(backoff.min(deadline - now));
         backoff = (backoff * 2).min(Duration::from_millis(200));
@@ -218,10 +186,9 @@ fn connect_retry(addr: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr
 
 fn roundtrip(stream: &TcpStream, msg: &[u8], deadline: Duration) -> io::Result<(u8, Vec<u8>)> {
     let timed_out = |e: io::Error| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("no reply within {deadline:?}"),
-        ),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            io::Error::new(io::ErrorKind::TimedOut, format!("no reply within {deadline:?}"))
+        }
         _ => e,
     };
     stream.set_write_timeout(Some(deadline))?;
@@ -255,10 +222,9 @@ fn key_msg(op: u8, key: &str, extra: usize) -> Result<Vec<u8>> {
 impl Store for TcpStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         if value.len() > MAX_VALUE {
-            return Err(self.error(
-                &format!("set `{key}`"),
-                format!("value of {} bytes exceeds {MAX_VALUE}", value.len()),
-            ));
+            return Err(
+                self.error(&format!("set `{key}`"), format!("value of {} bytes exceeds {MAX_VALUE}", value.len()))
+            );
         }
         let mut msg = key_msg(OP_SET, key, 4 + value.len())?;
         put_bytes(&mut msg, value);
@@ -280,10 +246,7 @@ impl Store for TcpStore {
 
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
         if keys.len() > MAX_WAIT_KEYS {
-            return Err(self.error(
-                "wait",
-                format!("{} keys exceed the limit of {MAX_WAIT_KEYS}", keys.len()),
-            ));
+            return Err(self.error("wait", format!("{} keys exceed the limit of {MAX_WAIT_KEYS}", keys.len())));
         }
         let mut msg = vec![OP_WAIT];
         msg.extend_from_slice(&(keys.len() as u32).to_le_bytes());
@@ -296,11 +259,9 @@ impl Store for TcpStore {
         let deadline = timeout.saturating_add(WAIT_SLACK);
         match self.request("wait", &msg, deadline)? {
             (ST_OK, _) => Ok(()),
-            (ST_TIMEOUT, body) => Err(Error::Store(format!(
-                "tcp store {}: {}",
-                self.addr,
-                String::from_utf8_lossy(&body)
-            ))),
+            (ST_TIMEOUT, body) => {
+                Err(Error::Store(format!("tcp store {}: {}", self.addr, String::from_utf8_lossy(&body))))
+            }
             (st, body) => Err(self.error(&format!("wait for {keys:?}"), unexpected(st, &body))),
         }
     }
@@ -312,9 +273,7 @@ impl Store for TcpStore {
         match self.request(&what, &msg, IO_TIMEOUT)? {
             (ST_OK, body) => match <[u8; 8]>::try_from(body.as_slice()) {
                 Ok(b) => Ok(i64::from_le_bytes(b)),
-                Err(_) => {
-                    Err(self.error(&what, format!("malformed reply of {} bytes", body.len())))
-                }
+                Err(_) => Err(self.error(&what, format!("malformed reply of {} bytes", body.len()))),
             },
             (st, body) => Err(self.error(&what, unexpected(st, &body))),
         }

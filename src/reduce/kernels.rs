@@ -122,10 +122,7 @@ pub(super) fn narrow_bf16(x: f32) -> u16 {
 impl<O: ElemOp<f32>> ElemOp<bf16> for O {
     #[inline(always)]
     fn apply(a: bf16, b: bf16) -> bf16 {
-        bf16::from_bits(narrow_bf16(O::apply(
-            widen_bf16(a.to_bits()),
-            widen_bf16(b.to_bits()),
-        )))
+        bf16::from_bits(narrow_bf16(O::apply(widen_bf16(a.to_bits()), widen_bf16(b.to_bits()))))
     }
 }
 
@@ -157,12 +154,7 @@ pub(super) fn map3<T: Copy, O: ElemOp<T>>(out: &mut [T], a: &[T], b: &[T]) {
             *o = O::apply(*x, *y);
         }
     }
-    for ((o, x), y) in co
-        .into_remainder()
-        .iter_mut()
-        .zip(ca.remainder())
-        .zip(cb.remainder())
-    {
+    for ((o, x), y) in co.into_remainder().iter_mut().zip(ca.remainder()).zip(cb.remainder()) {
         *o = O::apply(*x, *y);
     }
 }
@@ -200,11 +192,7 @@ pub(super) fn f16_portable2<O: ElemOp<f32>>(acc: &mut [f16], inc: &[f16]) {
 pub(super) fn f16_portable3<O: ElemOp<f32>>(out: &mut [f16], a: &[f16], b: &[f16]) {
     let mut x = [0f32; F16_BLOCK];
     let mut y = [0f32; F16_BLOCK];
-    for ((co, ca), cb) in out
-        .chunks_mut(F16_BLOCK)
-        .zip(a.chunks(F16_BLOCK))
-        .zip(b.chunks(F16_BLOCK))
-    {
+    for ((co, ca), cb) in out.chunks_mut(F16_BLOCK).zip(a.chunks(F16_BLOCK)).zip(b.chunks(F16_BLOCK)) {
         let n = co.len();
         ca.convert_to_f32_slice(&mut x[..n]);
         cb.convert_to_f32_slice(&mut y[..n]);

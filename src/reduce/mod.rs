@@ -69,13 +69,10 @@ pub fn finalize(dtype: DType, op: ReduceOp, buf: &mut [u8], world: usize) -> Res
         return Ok(());
     }
     if world == 0 {
-        return Err(Error::InvalidArgument(
-            "cannot average over a world of size 0".into(),
-        ));
+        return Err(Error::InvalidArgument("cannot average over a world of size 0".into()));
     }
-    let wi = i64::try_from(world).map_err(|_| {
-        Error::InvalidArgument(format!("world size {world} is too large to average over"))
-    })?;
+    let wi = i64::try_from(world)
+        .map_err(|_| Error::InvalidArgument(format!("world size {world} is too large to average over")))?;
     // World sizes are far below 2^24, so the conversions to float are exact.
     let wf = world as f32;
     match dtype {
@@ -146,18 +143,8 @@ struct Table {
 macro_rules! generic_ops {
     ($two:ident, $three:ident, $t:ty) => {
         Ops::new(
-            [
-                $two::<$t, Sum>,
-                $two::<$t, Prod>,
-                $two::<$t, Min>,
-                $two::<$t, Max>,
-            ],
-            [
-                $three::<$t, Sum>,
-                $three::<$t, Prod>,
-                $three::<$t, Min>,
-                $three::<$t, Max>,
-            ],
+            [$two::<$t, Sum>, $two::<$t, Prod>, $two::<$t, Min>, $two::<$t, Max>],
+            [$three::<$t, Sum>, $three::<$t, Prod>, $three::<$t, Min>, $three::<$t, Max>],
         )
     };
 }
@@ -172,10 +159,7 @@ impl Table {
             name: "portable",
             f32: generic_ops!(portable2, portable3, f32),
             f64: generic_ops!(portable2, portable3, f64),
-            f16: Ops::new(
-                [f2::<Sum>, f2::<Prod>, f2::<Min>, f2::<Max>],
-                [f3::<Sum>, f3::<Prod>, f3::<Min>, f3::<Max>],
-            ),
+            f16: Ops::new([f2::<Sum>, f2::<Prod>, f2::<Min>, f2::<Max>], [f3::<Sum>, f3::<Prod>, f3::<Min>, f3::<Max>]),
             bf16: generic_ops!(portable2, portable3, bf16),
             i8: generic_ops!(portable2, portable3, i8),
             u8: generic_ops!(portable2, portable3, u8),
@@ -267,12 +251,7 @@ fn run2<T: Pod>(k: K2<T>, acc: &mut [u8], inc: &[u8]) {
         y.0[..n].copy_from_slice(ci);
         // SAFETY: as above; the blocks are 64-byte aligned and `n` is a multiple of
         // the element size because BLOCK and the total length are.
-        unsafe {
-            k(
-                bytemuck::cast_slice_mut(&mut x.0[..n]),
-                bytemuck::cast_slice(&y.0[..n]),
-            )
-        };
+        unsafe { k(bytemuck::cast_slice_mut(&mut x.0[..n]), bytemuck::cast_slice(&y.0[..n])) };
         ca.copy_from_slice(&x.0[..n]);
     }
 }
@@ -280,33 +259,19 @@ fn run2<T: Pod>(k: K2<T>, acc: &mut [u8], inc: &[u8]) {
 fn run3<T: Pod>(k: K3<T>, out: &mut [u8], a: &[u8], b: &[u8]) {
     if aligned::<T>(out) && aligned::<T>(a) && aligned::<T>(b) {
         // SAFETY: see `run2`.
-        unsafe {
-            k(
-                bytemuck::cast_slice_mut(out),
-                bytemuck::cast_slice(a),
-                bytemuck::cast_slice(b),
-            )
-        };
+        unsafe { k(bytemuck::cast_slice_mut(out), bytemuck::cast_slice(a), bytemuck::cast_slice(b)) };
         return;
     }
     let mut o = Block([0; BLOCK]);
     let mut x = Block([0; BLOCK]);
     let mut y = Block([0; BLOCK]);
-    for ((co, ca), cb) in out
-        .chunks_mut(BLOCK)
-        .zip(a.chunks(BLOCK))
-        .zip(b.chunks(BLOCK))
-    {
+    for ((co, ca), cb) in out.chunks_mut(BLOCK).zip(a.chunks(BLOCK)).zip(b.chunks(BLOCK)) {
         let n = co.len();
         x.0[..n].copy_from_slice(ca);
         y.0[..n].copy_from_slice(cb);
         // SAFETY: see `run2`.
         unsafe {
-            k(
-                bytemuck::cast_slice_mut(&mut o.0[..n]),
-                bytemuck::cast_slice(&x.0[..n]),
-                bytemuck::cast_slice(&y.0[..n]),
-            )
+            k(bytemuck::cast_slice_mut(&mut o.0[..n]), bytemuck::cast_slice(&x.0[..n]), bytemuck::cast_slice(&y.0[..n]))
         };
         co.copy_from_slice(&o.0[..n]);
     }

@@ -25,14 +25,7 @@ fn random_elem(rng: &mut Rng, dtype: DType) -> Vec<u8> {
     let r = rng.next();
     let pick = r % 16;
     let small = ((r >> 8) % 65) as f64 / 4.0 - 8.0;
-    let special = [
-        f64::NAN,
-        -f64::NAN,
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-        0.0,
-        -0.0,
-    ][((r >> 16) % 6) as usize];
+    let special = [f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0][((r >> 16) % 6) as usize];
     let bits = r >> 20;
     let f = |v: f64| if pick < 8 { v } else { small };
     match dtype {
@@ -97,9 +90,7 @@ macro_rules! ref_float {
             ReduceOp::Sum | ReduceOp::Avg => a + b,
             ReduceOp::Prod => a * b,
             // The exact (representable) min/max.
-            ReduceOp::Min | ReduceOp::Max => {
-                ref_minmax(a as f64, b as f64, $op == ReduceOp::Max) as $t
-            }
+            ReduceOp::Min | ReduceOp::Max => ref_minmax(a as f64, b as f64, $op == ReduceOp::Max) as $t,
         };
         // Every NaN result is the type's canonical quiet NaN.
         if r.is_nan() {
@@ -130,20 +121,12 @@ fn ref_elem(dtype: DType, op: ReduceOp, a: &[u8], b: &[u8]) -> Vec<u8> {
         DType::F64 => ref_float!(f64, op, rd(a), rd(b)).to_ne_bytes().to_vec(),
         DType::F16 => {
             let r = ref_float!(f32, op, rd::<f16>(a).to_f32(), rd::<f16>(b).to_f32());
-            let h = if r.is_nan() {
-                f16::NAN
-            } else {
-                f16::from_f32(r)
-            };
+            let h = if r.is_nan() { f16::NAN } else { f16::from_f32(r) };
             h.to_ne_bytes().to_vec()
         }
         DType::BF16 => {
             let r = ref_float!(f32, op, rd::<bf16>(a).to_f32(), rd::<bf16>(b).to_f32());
-            let h = if r.is_nan() {
-                bf16::NAN
-            } else {
-                bf16::from_f32(r)
-            };
+            let h = if r.is_nan() { bf16::NAN } else { bf16::from_f32(r) };
             h.to_ne_bytes().to_vec()
         }
         DType::I8 => ref_int!(i8, op, rd(a), rd(b)).to_ne_bytes().to_vec(),
@@ -155,10 +138,7 @@ fn ref_elem(dtype: DType, op: ReduceOp, a: &[u8], b: &[u8]) -> Vec<u8> {
 
 fn reference(dtype: DType, op: ReduceOp, a: &[u8], b: &[u8]) -> Vec<u8> {
     let s = dtype.size();
-    a.chunks_exact(s)
-        .zip(b.chunks_exact(s))
-        .flat_map(|(x, y)| ref_elem(dtype, op, x, y))
-        .collect()
+    a.chunks_exact(s).zip(b.chunks_exact(s)).flat_map(|(x, y)| ref_elem(dtype, op, x, y)).collect()
 }
 
 /// The kernel tables this CPU can run (portable always; the detected one if different).
@@ -195,24 +175,14 @@ fn matches_reference_every_dtype_op_path_and_alignment() {
                 let mut per_path = Vec::new();
                 for t in &tabs {
                     for (oa, ob, oo) in [(0, 0, 0), (1, 1, 1), (1, 0, 3), (0, 3, 0)] {
-                        let ctx = format!(
-                            "{dtype} {op} n={n} path={} offsets=({oa},{ob},{oo})",
-                            t.name
-                        );
+                        let ctx = format!("{dtype} {op} n={n} path={} offsets=({oa},{ob},{oo})", t.name);
                         let (mut acc, ia) = at_offset(&a, oa);
                         let (inc, ib) = at_offset(&b, ob);
                         let len = a.len();
                         inplace_with(t, dtype, op, &mut acc[ia..ia + len], &inc[ib..ib + len]);
                         let (mut out, io) = at_offset(&vec![0xAB; len], oo);
                         let (src, is) = at_offset(&a, oa);
-                        into_with(
-                            t,
-                            dtype,
-                            op,
-                            &mut out[io..io + len],
-                            &src[is..is + len],
-                            &inc[ib..ib + len],
-                        );
+                        into_with(t, dtype, op, &mut out[io..io + len], &src[is..is + len], &inc[ib..ib + len]);
                         let got_in = &acc[ia..ia + len];
                         let got_into = &out[io..io + len];
                         assert_eq!(got_in, got_into, "inplace != into: {ctx}");
@@ -221,10 +191,7 @@ fn matches_reference_every_dtype_op_path_and_alignment() {
                     }
                 }
                 // All paths and alignments agree bit for bit, NaN payloads included.
-                assert!(
-                    per_path.windows(2).all(|w| w[0] == w[1]),
-                    "paths disagree: {dtype} {op} n={n}"
-                );
+                assert!(per_path.windows(2).all(|w| w[0] == w[1]), "paths disagree: {dtype} {op} n={n}");
             }
         }
     }
@@ -266,30 +233,16 @@ fn float_min_max_propagate_nan_in_either_position() {
     }
     use bytemuck::pod_read_unaligned as rd;
     // A NaN with a payload and the sign bit set, against 1.0.
-    check(
-        DType::F32,
-        f32::from_bits(0xFFC0_1234).to_ne_bytes().to_vec(),
-        1f32.to_ne_bytes().to_vec(),
-        |b| rd::<f32>(b).is_nan(),
-    );
-    check(
-        DType::F64,
-        f64::NAN.to_ne_bytes().to_vec(),
-        (-1f64).to_ne_bytes().to_vec(),
-        |b| rd::<f64>(b).is_nan(),
-    );
-    check(
-        DType::F16,
-        f16::from_bits(0x7D01).to_ne_bytes().to_vec(),
-        f16::ONE.to_ne_bytes().to_vec(),
-        |b| rd::<f16>(b).is_nan(),
-    );
-    check(
-        DType::BF16,
-        bf16::from_bits(0xFF81).to_ne_bytes().to_vec(),
-        bf16::ONE.to_ne_bytes().to_vec(),
-        |b| rd::<bf16>(b).is_nan(),
-    );
+    check(DType::F32, f32::from_bits(0xFFC0_1234).to_ne_bytes().to_vec(), 1f32.to_ne_bytes().to_vec(), |b| {
+        rd::<f32>(b).is_nan()
+    });
+    check(DType::F64, f64::NAN.to_ne_bytes().to_vec(), (-1f64).to_ne_bytes().to_vec(), |b| rd::<f64>(b).is_nan());
+    check(DType::F16, f16::from_bits(0x7D01).to_ne_bytes().to_vec(), f16::ONE.to_ne_bytes().to_vec(), |b| {
+        rd::<f16>(b).is_nan()
+    });
+    check(DType::BF16, bf16::from_bits(0xFF81).to_ne_bytes().to_vec(), bf16::ONE.to_ne_bytes().to_vec(), |b| {
+        rd::<bf16>(b).is_nan()
+    });
 }
 
 #[test]
@@ -309,12 +262,12 @@ fn signed_zeros_do_not_depend_on_order() {
 #[test]
 fn integer_sum_and_prod_wrap() {
     let cases: [(DType, ReduceOp, u8, u8, u8); 6] = [
-        (DType::I8, ReduceOp::Sum, 127, 1, 0x80), // 127 + 1 = -128
+        (DType::I8, ReduceOp::Sum, 127, 1, 0x80),      // 127 + 1 = -128
         (DType::I8, ReduceOp::Prod, 0x80, 0xFF, 0x80), // -128 * -1 = -128
-        (DType::I8, ReduceOp::Avg, 0x80, 0x80, 0), // -128 + -128 = 0 (avg combines as sum)
-        (DType::U8, ReduceOp::Sum, 255, 1, 0),    // 255 + 1 = 0
-        (DType::U8, ReduceOp::Prod, 16, 16, 0),   // 256 = 0
-        (DType::U8, ReduceOp::Prod, 255, 255, 1), // 65025 mod 256 = 1
+        (DType::I8, ReduceOp::Avg, 0x80, 0x80, 0),     // -128 + -128 = 0 (avg combines as sum)
+        (DType::U8, ReduceOp::Sum, 255, 1, 0),         // 255 + 1 = 0
+        (DType::U8, ReduceOp::Prod, 16, 16, 0),        // 256 = 0
+        (DType::U8, ReduceOp::Prod, 255, 255, 1),      // 65025 mod 256 = 1
     ];
     for t in tables() {
         for (dtype, op, a, b, want) in cases {
@@ -335,36 +288,19 @@ fn finalize_avg_divides_each_dtype() {
         let bytes: &[u8] = bytemuck::cast_slice(vals);
         let (mut buf, i) = at_offset(bytes, off);
         finalize(dtype, ReduceOp::Avg, &mut buf[i..i + bytes.len()], world).unwrap();
-        buf[i..i + bytes.len()]
-            .chunks_exact(dtype.size())
-            .map(bytemuck::pod_read_unaligned)
-            .collect()
+        buf[i..i + bytes.len()].chunks_exact(dtype.size()).map(bytemuck::pod_read_unaligned).collect()
     }
     for off in [0, 1] {
-        assert_eq!(
-            avg(DType::I32, &[7i32, -7, 8, i32::MIN], 2, off),
-            [3, -3, 4, i32::MIN / 2]
-        );
+        assert_eq!(avg(DType::I32, &[7i32, -7, 8, i32::MIN], 2, off), [3, -3, 4, i32::MIN / 2]);
         assert_eq!(avg(DType::I8, &[7i8, -7, -128], 2, off), [3, -3, -64]);
         assert_eq!(avg(DType::I8, &[100i8, -100], 1000, off), [0, 0]);
         assert_eq!(avg(DType::U8, &[255u8, 7], 2, off), [127, 3]);
         assert_eq!(avg(DType::I64, &[i64::MAX, -9], 4, off), [i64::MAX / 4, -2]);
-        assert_eq!(
-            avg(DType::F32, &[3.0f32, -1.0, 1.0], 2, off),
-            [1.5, -0.5, 0.5]
-        );
+        assert_eq!(avg(DType::F32, &[3.0f32, -1.0, 1.0], 2, off), [1.5, -0.5, 0.5]);
         assert_eq!(avg(DType::F32, &[1.0f32], 3, off), [1.0f32 / 3.0]);
-        assert_eq!(
-            avg(DType::F64, &[1.0f64, 7.0], 3, off),
-            [1.0 / 3.0, 7.0 / 3.0]
-        );
+        assert_eq!(avg(DType::F64, &[1.0f64, 7.0], 3, off), [1.0 / 3.0, 7.0 / 3.0]);
         // f16: 1/3 rounded once from f32; 65504 / 2 exact; 3 / 4 exact.
-        let h = avg(
-            DType::F16,
-            &[f16::ONE, f16::MAX, f16::from_f32(3.0)],
-            3,
-            off,
-        );
+        let h = avg(DType::F16, &[f16::ONE, f16::MAX, f16::from_f32(3.0)], 3, off);
         assert_eq!(h[0], f16::from_f32(1.0 / 3.0));
         assert_eq!(
             avg(DType::F16, &[f16::MAX, f16::from_f32(3.0)], 4, off),
@@ -374,10 +310,7 @@ fn finalize_avg_divides_each_dtype() {
             avg(DType::BF16, &[bf16::from_f32(3.0), bf16::ONE], 2, off),
             [bf16::from_f32(1.5), bf16::from_f32(0.5)]
         );
-        assert_eq!(
-            avg(DType::BF16, &[bf16::ONE], 3, off),
-            [bf16::from_f32(1.0 / 3.0)]
-        );
+        assert_eq!(avg(DType::BF16, &[bf16::ONE], 3, off), [bf16::from_f32(1.0 / 3.0)]);
     }
     // Other ops leave the buffer alone.
     for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
@@ -391,43 +324,14 @@ fn finalize_avg_divides_each_dtype() {
 fn bad_lengths_and_world_are_invalid_argument() {
     let is_invalid = |r: Result<()>| matches!(r, Err(Error::InvalidArgument(_)));
     let mut acc = [0u8; 8];
-    assert!(is_invalid(reduce_inplace(
-        DType::F32,
-        ReduceOp::Sum,
-        &mut acc,
-        &[0u8; 4]
-    )));
-    assert!(is_invalid(reduce_inplace(
-        DType::F32,
-        ReduceOp::Sum,
-        &mut acc[..6],
-        &[0u8; 6]
-    )));
-    assert!(is_invalid(reduce_into(
-        DType::I64,
-        ReduceOp::Max,
-        &mut acc,
-        &[0u8; 8],
-        &[0u8; 16]
-    )));
-    assert!(is_invalid(reduce_into(
-        DType::F16,
-        ReduceOp::Min,
-        &mut acc[..3],
-        &[0u8; 3],
-        &[0u8; 3]
-    )));
-    assert!(is_invalid(finalize(
-        DType::F64,
-        ReduceOp::Avg,
-        &mut acc[..4],
-        2
-    )));
+    assert!(is_invalid(reduce_inplace(DType::F32, ReduceOp::Sum, &mut acc, &[0u8; 4])));
+    assert!(is_invalid(reduce_inplace(DType::F32, ReduceOp::Sum, &mut acc[..6], &[0u8; 6])));
+    assert!(is_invalid(reduce_into(DType::I64, ReduceOp::Max, &mut acc, &[0u8; 8], &[0u8; 16])));
+    assert!(is_invalid(reduce_into(DType::F16, ReduceOp::Min, &mut acc[..3], &[0u8; 3], &[0u8; 3])));
+    assert!(is_invalid(finalize(DType::F64, ReduceOp::Avg, &mut acc[..4], 2)));
     assert!(is_invalid(finalize(DType::F32, ReduceOp::Avg, &mut acc, 0)));
     // The message gives the lengths.
-    let e = reduce_inplace(DType::F32, ReduceOp::Sum, &mut acc, &[0u8; 4])
-        .unwrap_err()
-        .to_string();
+    let e = reduce_inplace(DType::F32, ReduceOp::Sum, &mut acc, &[0u8; 4]).unwrap_err().to_string();
     assert!(e.contains("[8, 4]"), "{e}");
     // Empty buffers are fine.
     reduce_inplace(DType::F32, ReduceOp::Sum, &mut [], &[]).unwrap();
@@ -454,11 +358,7 @@ fn bf16_rounding_matches_half() {
     let randoms = (0..200_000).map(|_| rng.next() as u32);
     for b in edges.into_iter().chain(randoms) {
         let x = f32::from_bits(b);
-        assert_eq!(
-            kernels::narrow_bf16(x),
-            bf16::from_f32(x).to_bits(),
-            "{b:#010x}"
-        );
+        assert_eq!(kernels::narrow_bf16(x), bf16::from_f32(x).to_bits(), "{b:#010x}");
     }
 }
 
@@ -494,14 +394,7 @@ proptest::proptest! {
 fn throughput() {
     use std::time::Instant;
     for t in tables() {
-        for dtype in [
-            DType::F32,
-            DType::BF16,
-            DType::F16,
-            DType::F64,
-            DType::I32,
-            DType::I8,
-        ] {
+        for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::I8] {
             for op in [ReduceOp::Sum, ReduceOp::Max] {
                 for bytes in [64 << 10, 16 << 20] {
                     let mut acc = vec![0u8; bytes];

@@ -28,36 +28,16 @@ pub(super) fn table() -> Option<Table> {
     t.f32 = generic_ops!(avx2_2, avx2_3, f32);
     t.f64 = generic_ops!(avx2_2, avx2_3, f64);
     t.bf16 = Ops::new(
-        [
-            half2::<Bf16, Sum>,
-            half2::<Bf16, Prod>,
-            half2::<Bf16, Min>,
-            half2::<Bf16, Max>,
-        ],
-        [
-            half3::<Bf16, Sum>,
-            half3::<Bf16, Prod>,
-            half3::<Bf16, Min>,
-            half3::<Bf16, Max>,
-        ],
+        [half2::<Bf16, Sum>, half2::<Bf16, Prod>, half2::<Bf16, Min>, half2::<Bf16, Max>],
+        [half3::<Bf16, Sum>, half3::<Bf16, Prod>, half3::<Bf16, Min>, half3::<Bf16, Max>],
     );
     t.i8 = generic_ops!(avx2_2, avx2_3, i8);
     t.u8 = generic_ops!(avx2_2, avx2_3, u8);
     t.i32 = generic_ops!(avx2_2, avx2_3, i32);
     t.i64 = generic_ops!(avx2_2, avx2_3, i64);
     t.f16 = Ops::new(
-        [
-            half2::<F16, Sum>,
-            half2::<F16, Prod>,
-            half2::<F16, Min>,
-            half2::<F16, Max>,
-        ],
-        [
-            half3::<F16, Sum>,
-            half3::<F16, Prod>,
-            half3::<F16, Min>,
-            half3::<F16, Max>,
-        ],
+        [half2::<F16, Sum>, half2::<F16, Prod>, half2::<F16, Min>, half2::<F16, Max>],
+        [half3::<F16, Sum>, half3::<F16, Prod>, half3::<F16, Min>, half3::<F16, Max>],
     );
     Some(t)
 }
@@ -98,22 +78,14 @@ impl Half16 for F16 {
     #[inline(always)]
     unsafe fn load16(p: *const u16) -> [__m256; 2] {
         // SAFETY: caller guarantees 16 readable u16 and the avx2+f16c features.
-        unsafe {
-            [
-                _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
-                _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())),
-            ]
-        }
+        unsafe { [_mm256_cvtph_ps(_mm_loadu_si128(p.cast())), _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast()))] }
     }
     #[inline(always)]
     unsafe fn store16(p: *mut u16, v: [__m256; 2]) {
         // SAFETY: caller guarantees 16 writable u16 and the avx2+f16c features.
         unsafe {
             _mm_storeu_si128(p.cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v[0]));
-            _mm_storeu_si128(
-                p.add(8).cast(),
-                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v[1]),
-            );
+            _mm_storeu_si128(p.add(8).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v[1]));
         }
     }
 }
@@ -144,10 +116,7 @@ impl Half16 for Bf16 {
         unsafe {
             let x = _mm256_loadu_si256(p.cast());
             let z = _mm256_setzero_si256();
-            [
-                _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x)),
-                _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x)),
-            ]
+            [_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x))]
         }
     }
     #[inline(always)]
@@ -155,12 +124,7 @@ impl Half16 for Bf16 {
         // `packus` also works within 128-bit halves, so it restores the order the
         // unpacks produced; the rounded values are < 2^16 and pack unchanged.
         // SAFETY: caller guarantees 16 writable u16 and the avx2 feature.
-        unsafe {
-            _mm256_storeu_si256(
-                p.cast(),
-                _mm256_packus_epi32(round_bf16(v[0]), round_bf16(v[1])),
-            )
-        }
+        unsafe { _mm256_storeu_si256(p.cast(), _mm256_packus_epi32(round_bf16(v[0]), round_bf16(v[1]))) }
     }
 }
 
@@ -174,13 +138,7 @@ trait V8 {
 #[inline(always)]
 unsafe fn canon(r: __m256) -> __m256 {
     // SAFETY: the callers run with avx2 enabled.
-    unsafe {
-        _mm256_blendv_ps(
-            r,
-            _mm256_set1_ps(f32::NAN),
-            _mm256_cmp_ps::<_CMP_UNORD_Q>(r, r),
-        )
-    }
+    unsafe { _mm256_blendv_ps(r, _mm256_set1_ps(f32::NAN), _mm256_cmp_ps::<_CMP_UNORD_Q>(r, r)) }
 }
 
 impl V8 for Sum {
@@ -208,11 +166,7 @@ impl V8 for Min {
         unsafe {
             let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b);
             let m = _mm256_blendv_ps(_mm256_min_ps(a, b), _mm256_or_ps(a, b), eq);
-            _mm256_blendv_ps(
-                m,
-                _mm256_set1_ps(f32::NAN),
-                _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b),
-            )
+            _mm256_blendv_ps(m, _mm256_set1_ps(f32::NAN), _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b))
         }
     }
 }
@@ -225,11 +179,7 @@ impl V8 for Max {
         unsafe {
             let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b);
             let m = _mm256_blendv_ps(_mm256_max_ps(a, b), _mm256_and_ps(a, b), eq);
-            _mm256_blendv_ps(
-                m,
-                _mm256_set1_ps(f32::NAN),
-                _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b),
-            )
+            _mm256_blendv_ps(m, _mm256_set1_ps(f32::NAN), _mm256_cmp_ps::<_CMP_UNORD_Q>(a, b))
         }
     }
 }
@@ -249,14 +199,7 @@ unsafe fn half2<H: Half16, O: V8>(acc: &mut [H::Elem], inc: &[H::Elem]) {
 unsafe fn half3<H: Half16, O: V8>(out: &mut [H::Elem], a: &[H::Elem], b: &[H::Elem]) {
     debug_assert!(out.len() == a.len() && a.len() == b.len());
     // SAFETY: lengths are equal and `out` cannot overlap `a` or `b` (borrow rules).
-    unsafe {
-        half_core::<H, O>(
-            out.as_mut_ptr().cast(),
-            a.as_ptr().cast(),
-            b.as_ptr().cast(),
-            out.len(),
-        )
-    }
+    unsafe { half_core::<H, O>(out.as_mut_ptr().cast(), a.as_ptr().cast(), b.as_ptr().cast(), out.len()) }
 }
 
 /// `out[i] = a[i] ⊕ b[i]` for `n` 16-bit values; `out` may equal `a` (but not

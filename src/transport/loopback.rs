@@ -116,21 +116,16 @@ impl LoopbackLink {
     pub fn pair(a: usize, b: usize, capacity: usize) -> (LoopbackLink, LoopbackLink) {
         let ab = Arc::new(ByteRing::new(capacity));
         let ba = Arc::new(ByteRing::new(capacity));
-        (
-            LoopbackLink { peer: b, tx: ab.clone(), rx: ba.clone() },
-            LoopbackLink { peer: a, tx: ba, rx: ab },
-        )
+        (LoopbackLink { peer: b, tx: ab.clone(), rx: ba.clone() }, LoopbackLink { peer: a, tx: ba, rx: ab })
     }
 
     /// A full mesh for `world` thread ranks: `result[r][p]` is rank r's link to p.
     pub fn mesh(world: usize) -> Vec<Vec<Option<LoopbackLink>>> {
         let mut m: Vec<Vec<Option<LoopbackLink>>> = (0..world).map(|_| (0..world).map(|_| None).collect()).collect();
-        for a in 0..world {
-            for b in a + 1..world {
-                let (x, y) = LoopbackLink::pair(a, b, RING_BYTES);
-                m[a][b] = Some(x);
-                m[b][a] = Some(y);
-            }
+        for (a, b) in (0..world).flat_map(|a| (a + 1..world).map(move |b| (a, b))) {
+            let (x, y) = LoopbackLink::pair(a, b, RING_BYTES);
+            m[a][b] = Some(x);
+            m[b][a] = Some(y);
         }
         m
     }

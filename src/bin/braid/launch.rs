@@ -58,7 +58,12 @@ fn describe(status: &ExitStatus) -> String {
     }
 }
 
-fn pump(rank: usize, prefix: bool, src: impl std::io::Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
+fn pump(
+    rank: usize,
+    prefix: bool,
+    src: impl std::io::Read + Send + 'static,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let reader = BufReader::new(src);
         for line in reader.split(b'\n') {
@@ -139,7 +144,7 @@ extern "C" fn on_stop_signal(sig: libc::c_int) {
 fn forward_stop_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_stop_signal as libc::sighandler_t) };
+        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
     }
 }
 

@@ -280,7 +280,9 @@ fn check(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
             count_wrong(dt, out, |i, b| b.copy_from_slice(&table[(r * count + i) % 6]))
         }
         OpKind::Broadcast => count_wrong(dt, &c.output, |i, b| encode(dt, value(rop, a.root, i), b)),
-        OpKind::AllGather => count_wrong(dt, &c.output, |k, b| encode(dt, value(rop, k / count.max(1), k % count.max(1)), b)),
+        OpKind::AllGather => {
+            count_wrong(dt, &c.output, |k, b| encode(dt, value(rop, k / count.max(1), k % count.max(1)), b))
+        }
         OpKind::AllToAll => count_wrong(dt, &c.output, |k, b| {
             let (j, i) = (k / count.max(1), k % count.max(1));
             encode(dt, ((j * 3 + r + i) % 5 + 1) as i64, b)
@@ -335,12 +337,8 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         let algo = a.algo.parse().map_err(braid::Error::InvalidArgument)?;
         comm.set_algorithm(Some(algo));
     }
-    let transports: Vec<String> = comm
-        .transports()
-        .iter()
-        .enumerate()
-        .filter_map(|(p, t)| t.map(|t| format!("{p}={t}")))
-        .collect();
+    let transports: Vec<String> =
+        comm.transports().iter().enumerate().filter_map(|(p, t)| t.map(|t| format!("{p}={t}"))).collect();
     let mut json = match (&a.json, rank) {
         (Some(path), 0) => Some(
             std::fs::OpenOptions::new()
@@ -353,10 +351,24 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     };
     let transport_name = comm.transports().iter().flatten().next().map(|t| t.name()).unwrap_or("none");
     if rank == 0 {
-        println!("# braid perf: {} world={n} dtype={} redop={} root={} {}", a.op, a.dtype, a.reduce_op, a.root, if a.out_of_place { "out-of-place" } else { "in-place" });
-        println!("# transport: {transport_name} (rank 0 peers: {})   algorithm: {}", if transports.is_empty() { "none".into() } else { transports.join(" ") }, a.algo);
+        println!(
+            "# braid perf: {} world={n} dtype={} redop={} root={} {}",
+            a.op,
+            a.dtype,
+            a.reduce_op,
+            a.root,
+            if a.out_of_place { "out-of-place" } else { "in-place" }
+        );
+        println!(
+            "# transport: {transport_name} (rank 0 peers: {})   algorithm: {}",
+            if transports.is_empty() { "none".into() } else { transports.join(" ") },
+            a.algo
+        );
         println!("#");
-        println!("# {:>12} {:>12} {:>6} {:>6} {:>5} {:>10} {:>11} {:>11} {:>7} {:>6}", "size", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "algo");
+        println!(
+            "# {:>12} {:>12} {:>6} {:>6} {:>5} {:>10} {:>11} {:>11} {:>7} {:>6}",
+            "size", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "algo"
+        );
     }
     let mut total_wrong = 0u64;
     let mut busbw_sum = 0.0;
@@ -366,7 +378,16 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         if c.sig.count == 0 && a.op != OpKind::Barrier {
             continue;
         }
-        let iters = a.iters.unwrap_or(if size <= 64 << 10 { 200 } else if size <= 1 << 20 { 50 } else { 20 }).max(1);
+        let iters = a
+            .iters
+            .unwrap_or(if size <= 64 << 10 {
+                200
+            } else if size <= 1 << 20 {
+                50
+            } else {
+                20
+            })
+            .max(1);
         let algo = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
         let mut times = Vec::with_capacity(iters);
         for it in 0..a.warmup + iters {
@@ -404,7 +425,16 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             let w = wrong.map(|w| w.to_string()).unwrap_or_else(|| "N/A".into());
             println!(
                 "  {:>12} {:>12} {:>6} {:>6} {:>5} {:>10.2} {:>11.3} {:>11.3} {:>7} {:>6}",
-                c.bytes, c.sig.count, a.dtype.name(), redop, root, t * 1e6, algbw, busbw, w, algo
+                c.bytes,
+                c.sig.count,
+                a.dtype.name(),
+                redop,
+                root,
+                t * 1e6,
+                algbw,
+                busbw,
+                w,
+                algo
             );
             let _ = std::io::stdout().flush();
             if let Some(f) = json.as_mut() {
@@ -419,7 +449,10 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     }
     if rank == 0 {
         println!("# Out of bounds values : {} {}", total_wrong, if total_wrong == 0 { "OK" } else { "FAILED" });
-        println!("# Avg bus bandwidth    : {:.4} GB/s", if sizes_done > 0 { busbw_sum / sizes_done as f64 } else { 0.0 });
+        println!(
+            "# Avg bus bandwidth    : {:.4} GB/s",
+            if sizes_done > 0 { busbw_sum / sizes_done as f64 } else { 0.0 }
+        );
     }
     Ok(total_wrong)
 }

@@ -44,17 +44,9 @@ impl Shared {
                 let mut map = lock(&self.map);
                 let current = match map.get(&key) {
                     None => 0,
-                    Some(v) => match std::str::from_utf8(v)
-                        .ok()
-                        .and_then(|s| s.parse::<i64>().ok())
-                    {
+                    Some(v) => match std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()) {
                         Some(n) => n,
-                        None => {
-                            return (
-                                ST_ERROR,
-                                format!("key `{key}` does not hold an integer").into_bytes(),
-                            )
-                        }
+                        None => return (ST_ERROR, format!("key `{key}` does not hold an integer").into_bytes()),
                     },
                 };
                 let next = current.wrapping_add(delta);
@@ -77,19 +69,14 @@ impl Shared {
             if self.stop.load(Ordering::Acquire) {
                 return (ST_ERROR, b"the tcp store server is shutting down".to_vec());
             }
-            let missing: Vec<&str> = keys
-                .iter()
-                .map(String::as_str)
-                .filter(|k| !map.contains_key(*k))
-                .collect();
+            let missing: Vec<&str> = keys.iter().map(String::as_str).filter(|k| !map.contains_key(*k)).collect();
             if missing.is_empty() {
                 return (ST_OK, Vec::new());
             }
             let now = Instant::now();
             let left = match deadline {
                 Some(d) if d <= now => {
-                    let mut msg =
-                        format!("timed out after {timeout:?} waiting for keys {missing:?}");
+                    let mut msg = format!("timed out after {timeout:?} waiting for keys {missing:?}");
                     if msg.len() > MAX_MESSAGE {
                         let mut cut = MAX_MESSAGE;
                         while !msg.is_char_boundary(cut) {
@@ -103,11 +90,7 @@ impl Shared {
                 Some(d) => d - now,
                 None => Duration::from_secs(3600),
             };
-            map = self
-                .changed
-                .wait_timeout(map, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            map = self.changed.wait_timeout(map, left).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 }
@@ -123,8 +106,7 @@ pub struct TcpStoreServer {
 impl TcpStoreServer {
     /// Listen on `addr` ("HOST:PORT", "[::1]:0" for IPv6; port 0 picks a free port).
     pub fn bind(addr: &str) -> Result<TcpStoreServer> {
-        let listener = bind_listener(addr)
-            .map_err(|e| Error::io(format!("binding tcp store server at {addr}"), e))?;
+        let listener = bind_listener(addr).map_err(|e| Error::io(format!("binding tcp store server at {addr}"), e))?;
         TcpStoreServer::serve(listener)
     }
 
@@ -134,9 +116,7 @@ impl TcpStoreServer {
     }
 
     pub(super) fn serve(listener: TcpListener) -> Result<TcpStoreServer> {
-        let local_addr = listener
-            .local_addr()
-            .map_err(|e| Error::io("reading tcp store listener address", e))?;
+        let local_addr = listener.local_addr().map_err(|e| Error::io("reading tcp store listener address", e))?;
         // Non-blocking so the accept loop can notice the stop flag between polls.
         listener
             .set_nonblocking(true)
@@ -151,26 +131,15 @@ impl TcpStoreServer {
         let acceptor = std::thread::Builder::new()
             .name(format!("braid-store:{}", local_addr.port()))
             .spawn(move || accept_loop(listener, s))
-            .map_err(|e| {
-                Error::io(
-                    format!("spawning tcp store server thread for {local_addr}"),
-                    e,
-                )
-            })?;
+            .map_err(|e| Error::io(format!("spawning tcp store server thread for {local_addr}"), e))?;
         tracing::debug!(%local_addr, "tcp store server listening");
-        Ok(TcpStoreServer {
-            local_addr,
-            shared,
-            acceptor: Some(acceptor),
-        })
+        Ok(TcpStoreServer { local_addr, shared, acceptor: Some(acceptor) })
     }
 }
 
 impl std::fmt::Debug for TcpStoreServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpStoreServer")
-            .field("local_addr", &self.local_addr)
-            .finish_non_exhaustive()
+        f.debug_struct("TcpStoreServer").field("local_addr", &self.local_addr).finish_non_exhaustive()
     }
 }
 
@@ -190,10 +159,7 @@ impl Drop for TcpStoreServer {
 }
 
 pub(super) fn bind_listener(addr: &str) -> io::Result<TcpListener> {
-    let mut last = io::Error::new(
-        io::ErrorKind::AddrNotAvailable,
-        "address resolved to nothing",
-    );
+    let mut last = io::Error::new(io::ErrorKind::AddrNotAvailable, "address resolved to nothing");
     for sa in addr.to_socket_addrs()? {
         match bind_one(sa) {
             Ok(l) => return Ok(l),
@@ -238,11 +204,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     workers.push(h);
                 }
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
             Err(e) => {
                 // E.g. out of file descriptors: keep serving the connections we have.
                 tracing::warn!("tcp store server: accept failed: {e}");
@@ -256,12 +218,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-fn spawn_conn(
-    shared: &Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    id: u64,
-) -> Option<JoinHandle<()>> {
+fn spawn_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, id: u64) -> Option<JoinHandle<()>> {
     let setup = stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_nodelay(true))
@@ -285,12 +242,10 @@ fn spawn_conn(
         conns.insert(id, handle);
     }
     let s = shared.clone();
-    let spawned = std::thread::Builder::new()
-        .name("braid-store-conn".into())
-        .spawn(move || {
-            serve_conn(&s, stream, peer);
-            lock(&s.conns).remove(&id);
-        });
+    let spawned = std::thread::Builder::new().name("braid-store-conn".into()).spawn(move || {
+        serve_conn(&s, stream, peer);
+        lock(&s.conns).remove(&id);
+    });
     match spawned {
         Ok(h) => Some(h),
         Err(e) => {
@@ -307,12 +262,7 @@ fn serve_conn(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
         let req = match read_request(&mut reader) {
             Ok(Some(r)) => r,
             Ok(None) => return,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof) => {
                 tracing::warn!(%peer, "tcp store server: dropping a connection that sent an invalid request: {e}");
                 return;
             }

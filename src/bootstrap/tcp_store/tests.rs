@@ -7,18 +7,13 @@ use std::sync::{Arc, Barrier};
 
 fn server_and_client() -> (TcpStoreServer, TcpStore) {
     let server = TcpStoreServer::bind("127.0.0.1:0").unwrap();
-    let client =
-        TcpStore::connect(&server.local_addr().to_string(), Duration::from_secs(5)).unwrap();
+    let client = TcpStore::connect(&server.local_addr().to_string(), Duration::from_secs(5)).unwrap();
     (server, client)
 }
 
 /// A port nothing listens on right now (bound, read, released).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[test]
@@ -44,19 +39,13 @@ fn values_are_shared_between_clients_and_large_values_round_trip() {
     let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     a.set("rank0/addr", &big).unwrap();
     assert_eq!(b.get("rank0/addr").unwrap().unwrap(), big);
-    let err = a
-        .set(&"k".repeat(MAX_KEY + 1), b"v")
-        .unwrap_err()
-        .to_string();
+    let err = a.set(&"k".repeat(MAX_KEY + 1), b"v").unwrap_err().to_string();
     assert!(err.contains("limit"), "{err}");
     // The client stays usable after refusing an oversized key.
     assert_eq!(a.add("n", 5).unwrap(), 5);
     assert_eq!(b.get("n").unwrap().unwrap(), b"5");
     let err = a.add("rank0/addr", 1).unwrap_err().to_string();
-    assert!(
-        err.contains("`rank0/addr`") && err.contains("integer"),
-        "{err}"
-    );
+    assert!(err.contains("`rank0/addr`") && err.contains("integer"), "{err}");
 }
 
 #[test]
@@ -82,8 +71,7 @@ fn wait_sees_a_later_set_from_another_thread() {
             s.add("counter", 3).unwrap();
         })
     };
-    s.wait(&["late", "counter"], Duration::from_secs(5))
-        .unwrap();
+    s.wait(&["late", "counter"], Duration::from_secs(5)).unwrap();
     adder.join().unwrap();
 }
 
@@ -101,11 +89,7 @@ fn a_blocked_wait_does_not_hold_up_other_calls() {
         s.set(&format!("k{i}"), b"x").unwrap();
         assert!(s.get(&format!("k{i}")).unwrap().is_some());
     }
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
     assert!(!waiter.is_finished());
     s.set("release", b"").unwrap();
     waiter.join().unwrap().unwrap();
@@ -116,18 +100,13 @@ fn wait_times_out_naming_the_missing_key() {
     let (server, s) = server_and_client();
     s.set("here", b"1").unwrap();
     let start = Instant::now();
-    let err = s
-        .wait(&["here", "missing/key"], Duration::from_millis(100))
-        .unwrap_err();
+    let err = s.wait(&["here", "missing/key"], Duration::from_millis(100)).unwrap_err();
     let elapsed = start.elapsed();
     assert!(elapsed >= Duration::from_millis(100), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
     assert!(matches!(err, Error::Store(_)), "{err:?}");
     let msg = err.to_string();
-    assert!(
-        msg.contains("\"missing/key\"") && !msg.contains("\"here\""),
-        "{msg}"
-    );
+    assert!(msg.contains("\"missing/key\"") && !msg.contains("\"here\""), "{msg}");
     assert!(msg.contains(&server.local_addr().to_string()), "{msg}");
     // The connection that carried the timed-out wait is still in good order.
     assert_eq!(s.get("here").unwrap().unwrap(), b"1");
@@ -144,8 +123,7 @@ fn concurrent_add_from_8_threads_counts_exactly() {
             let addr = addr.clone();
             std::thread::spawn(move || {
                 // Half the threads share one client (its pool), half have their own.
-                let own =
-                    (t % 2 == 1).then(|| TcpStore::connect(&addr, Duration::from_secs(5)).unwrap());
+                let own = (t % 2 == 1).then(|| TcpStore::connect(&addr, Duration::from_secs(5)).unwrap());
                 let s: &TcpStore = own.as_ref().unwrap_or(&shared);
                 for _ in 0..100 {
                     s.add("n", 1).unwrap();
@@ -222,8 +200,7 @@ fn connect_or_host_race_one_hosts_both_work() {
     let hosts = stores.iter().filter(|s| s.hosts_server()).count();
     assert_eq!(hosts, 1, "{stores:?}");
     for s in &stores {
-        s.wait(&["racer0", "racer1"], Duration::from_secs(5))
-            .unwrap();
+        s.wait(&["racer0", "racer1"], Duration::from_secs(5)).unwrap();
         assert!((1..=2).contains(&s.add("both", 1).unwrap()));
     }
     assert_eq!(stores[0].get("both").unwrap().unwrap(), b"2");
@@ -317,18 +294,11 @@ fn dropping_the_server_stops_it_and_wakes_waiters() {
     std::thread::sleep(Duration::from_millis(50));
     let start = Instant::now();
     drop(server);
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "drop took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(2), "drop took {:?}", start.elapsed());
     let (result, waited) = waiter.join().unwrap();
     assert!(result.is_err());
     assert!(waited < Duration::from_secs(5), "{waited:?}");
-    assert!(
-        TcpStream::connect(addr).is_err(),
-        "listener still open after drop"
-    );
+    assert!(TcpStream::connect(addr).is_err(), "listener still open after drop");
     assert!(s.get("x").is_err());
 }
 

@@ -50,24 +50,18 @@ pub(super) fn read_array<const N: usize>(r: &mut impl Read) -> io::Result<[u8; N
 pub(super) fn read_bytes(r: &mut impl Read, max: usize, what: &str) -> io::Result<Vec<u8>> {
     let len = u32::from_le_bytes(read_array(r)?) as usize;
     if len > max {
-        return Err(invalid(format!(
-            "{what} length {len} exceeds the limit of {max} bytes"
-        )));
+        return Err(invalid(format!("{what} length {len} exceeds the limit of {max} bytes")));
     }
     let mut buf = Vec::with_capacity(len.min(64 << 10));
     r.take(len as u64).read_to_end(&mut buf)?;
     if buf.len() < len {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("{what} cut short"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{what} cut short")));
     }
     Ok(buf)
 }
 
 pub(super) fn read_key(r: &mut impl Read) -> io::Result<String> {
-    String::from_utf8(read_bytes(r, MAX_KEY, "key")?)
-        .map_err(|_| invalid("key is not UTF-8".into()))
+    String::from_utf8(read_bytes(r, MAX_KEY, "key")?).map_err(|_| invalid("key is not UTF-8".into()))
 }
 
 pub(super) enum Request {
@@ -98,17 +92,10 @@ pub(super) fn read_request(r: &mut impl Read) -> io::Result<Option<Request>> {
         OP_WAIT => {
             let n = u32::from_le_bytes(read_array(r)?) as usize;
             if n > MAX_WAIT_KEYS {
-                return Err(invalid(format!(
-                    "WAIT for {n} keys exceeds the limit of {MAX_WAIT_KEYS}"
-                )));
+                return Err(invalid(format!("WAIT for {n} keys exceeds the limit of {MAX_WAIT_KEYS}")));
             }
-            let keys = (0..n)
-                .map(|_| read_key(r))
-                .collect::<io::Result<Vec<_>>>()?;
-            Request::Wait(
-                keys,
-                Duration::from_millis(u64::from_le_bytes(read_array(r)?)),
-            )
+            let keys = (0..n).map(|_| read_key(r)).collect::<io::Result<Vec<_>>>()?;
+            Request::Wait(keys, Duration::from_millis(u64::from_le_bytes(read_array(r)?)))
         }
         OP_PING => Request::Ping,
         other => return Err(invalid(format!("unknown opcode {other:#04x}"))),
