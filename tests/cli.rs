@@ -113,3 +113,45 @@ fn killing_a_rank_mid_sweep_fails_the_others_naming_it() {
     }
     let _ = kids[1].wait();
 }
+
+#[test]
+fn perf_checks_every_collective_in_place_and_out_of_place() {
+    for op in ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier"] {
+        for extra in [None, Some("--out-of-place")] {
+            let mut cmd = Command::new(BRAID);
+            cmd.args(["perf", "--op", op, "--ranks", "3", "--transport", "tcp", "--min-bytes", "1K"])
+                .args(["--max-bytes", "300K", "--factor", "17", "--iters", "3", "--warmup", "1", "--check"])
+                .args(["--dtype", "bf16", "--root", "2"])
+                .args(extra);
+            let out = cmd.output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{op} {extra:?}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert!(text.contains("# Out of bounds values : 0 OK"), "{op} {extra:?}: {text}");
+            assert!(text.lines().filter(|l| l.starts_with("  ")).count() >= 1, "{op}: no rows\n{text}");
+        }
+    }
+}
+
+#[test]
+fn perf_writes_json_lines() {
+    let dir = std::env::temp_dir().join(format!("braid-perf-json-{}", std::process::id()));
+    let _ = std::fs::remove_file(&dir);
+    let out = Command::new(BRAID)
+        .args(["perf", "--ranks", "2", "--min-bytes", "4K", "--max-bytes", "64K", "--factor", "16", "--iters", "5"])
+        .args(["--check", "--json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&dir).unwrap();
+    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2);
+    for key in
+        ["op", "bytes", "count", "dtype", "ranks", "transport", "algo", "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
+    {
+        assert!(rows[0].get(key).is_some(), "missing {key}: {}", rows[0]);
+    }
+    assert_eq!(rows[1]["bytes"], 65536);
+    assert_eq!(rows[1]["wrong"], 0);
+    let _ = std::fs::remove_file(&dir);
+}

@@ -240,6 +240,8 @@ fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> Case {
     let sig = CallSig::new(a.op, dt, count as u64, a.root as u32, a.reduce_op);
     let (in_len, out_len, bytes) = match a.op {
         OpKind::AllGather => (count * esz, n * count * esz, n * count * esz),
+        // In place, the result lands inside the full input buffer.
+        OpKind::ReduceScatter if !a.out_of_place => (0, n * count * esz, n * count * esz),
         OpKind::ReduceScatter => (n * count * esz, count * esz, n * count * esz),
         OpKind::AllToAll => (n * count * esz, n * count * esz, n * count * esz),
         OpKind::Barrier => (0, 0, 0),
