@@ -68,4 +68,19 @@ pub trait Link: Send {
     fn poll_fd(&self) -> Option<RawFd>;
     /// Stop sending: the peer reads end-of-stream after the bytes already written.
     fn close(&mut self);
+
+    /// Whether [`Link::read_peer`] works on this link (probed when it was set up).
+    /// Both ends of a link must answer the same, since it decides the framing.
+    fn can_read_peer(&self) -> bool {
+        false
+    }
+
+    /// Single-copy path: copy `dst.len()` bytes from address `addr` of the peer's
+    /// address space into `dst` (e.g. `process_vm_readv`, or a plain copy between
+    /// threads). Only called when `can_read_peer` is true, and only on memory the
+    /// peer has announced and keeps alive until this rank acknowledges the read.
+    fn read_peer(&mut self, addr: usize, dst: &mut [u8]) -> io::Result<()> {
+        let _ = (addr, dst);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this link cannot read peer memory"))
+    }
 }
