@@ -7,6 +7,13 @@
 //! validates every header against the call this rank is making, and waits —
 //! spinning briefly, then blocking in `poll(2)` or sleeping — under a deadline that
 //! restarts whenever any byte moves.
+//!
+//! On links that can read the peer's memory ([`Link::can_read_peer`]: shared memory
+//! between processes, threads of one process) a transfer of at least
+//! [`RENDEZVOUS_BYTES`] is sent as a *rendezvous*: a small frame with the address of
+//! the data. The receiver copies (or reduces) straight from the sender's memory in
+//! cache-sized chunks and answers with an ack; the sender's round ends only after
+//! the ack, so its buffer stays valid while it is read. One copy instead of two.
 
 use std::collections::VecDeque;
 use std::io;
@@ -24,6 +31,14 @@ use crate::types::{CallSig, DType, ReduceOp};
 pub const SEGMENT_BYTES: usize = 1 << 20;
 /// Incoming data is reduced in grains of this size as soon as it has arrived.
 const REDUCE_GRAIN: usize = 64 << 10;
+/// Transfers at least this long go single-copy on links that can read peer memory.
+pub const RENDEZVOUS_BYTES: usize = 16 << 10;
+/// Single-copy reductions read the peer's data in chunks of this size, so the
+/// chunk is still in cache when it is reduced.
+const PEER_CHUNK: usize = 64 << 10;
+/// After spinning, links without a descriptor to poll keep yielding this long
+/// before they start to sleep.
+const YIELD_PHASE: Duration = Duration::from_millis(2);
 /// Longest an abort message may be.
 const MAX_REASON: usize = 64 << 10;
 
@@ -66,12 +81,21 @@ pub struct Channel {
     said_goodbye: bool,
     /// False while a frame is partly written: nothing else may be injected then.
     tx_at_boundary: bool,
+    /// Whether long transfers on this link go single-copy (same on both ends).
+    rendezvous: bool,
+    /// Rendezvous frames sent whose ack has not arrived.
+    acks_awaited: usize,
+    /// Rendezvous reads finished whose ack is still to be sent.
+    acks_owed: usize,
 }
 
 impl Channel {
     /// Wrap a connected link.
     pub fn new(link: Box<dyn Link>) -> Channel {
         Channel {
+            rendezvous: link.can_read_peer(),
+            acks_awaited: 0,
+            acks_owed: 0,
             link,
             hdr: [0; HEADER_LEN],
             rx: Rx::Header { have: 0 },
@@ -179,9 +203,31 @@ pub struct CallInfo {
 
 struct OutMsg {
     hdr: [u8; HEADER_LEN],
+    kind: FrameKind,
+    /// Data frames: the payload. Rendezvous frames: the data the peer will read.
     data: *const u8,
     len: usize,
+    /// Rendezvous payload: address and length of the data, little-endian.
+    desc: [u8; 16],
     sent: usize,
+}
+
+impl OutMsg {
+    fn payload(&self) -> &[u8] {
+        match self.kind {
+            FrameKind::Rendezvous => &self.desc,
+            FrameKind::Data => {
+                // SAFETY: data..data+len is inside a live buffer region (see execute()).
+                unsafe { std::slice::from_raw_parts(self.data, self.len) }
+            }
+            _ => &[],
+        }
+    }
+
+    fn ack(call: &CallInfo) -> OutMsg {
+        let hdr = Header::control(FrameKind::Ack, call.comm_id, call.epoch, 0).encode();
+        OutMsg { hdr, kind: FrameKind::Ack, data: std::ptr::null(), len: 0, desc: [0; 16], sent: 0 }
+    }
 }
 
 struct InMsg {
@@ -192,6 +238,9 @@ struct InMsg {
     got: usize,
     reduced: usize,
     started: bool,
+    /// Rendezvous descriptor bytes read so far.
+    desc: [u8; 16],
+    desc_got: usize,
 }
 
 /// Run `schedule` over `channels` (indexed by peer rank) with `bufs`.
@@ -212,24 +261,32 @@ pub fn execute(
                 Step::Copy { src, dst } => local_copy(bufs, &src, &dst)?,
                 Step::Reduce { src, dst } => local_reduce(bufs, &src, &dst, call)?,
                 Step::Send { peer, src } => {
+                    let rdv = link_rendezvous(channels, peer, call)?;
                     let base = bufs.ptr(&src)? as *const u8;
-                    for (off, len) in segments(src.len) {
+                    for (off, len, single) in frames(rdv, src.len) {
+                        // SAFETY: off + len <= src.len, inside the region checked by ptr().
+                        let data = unsafe { base.add(off) };
+                        let kind = if single { FrameKind::Rendezvous } else { FrameKind::Data };
+                        let mut desc = [0u8; 16];
+                        desc[..8].copy_from_slice(&(data as u64).to_le_bytes());
+                        desc[8..].copy_from_slice(&(len as u64).to_le_bytes());
+                        let wire_len = if single { desc.len() } else { len };
                         let hdr = Header {
-                            kind: FrameKind::Data,
+                            kind,
                             comm_id: call.comm_id,
                             epoch: call.epoch,
                             seq: call.send_seq,
                             sig: call.sig,
-                            len: len as u32,
+                            len: wire_len as u32,
                         }
                         .encode();
-                        // SAFETY: off + len <= src.len, inside the region checked by ptr().
-                        outq[peer].push_back(OutMsg { hdr, data: unsafe { base.add(off) }, len, sent: 0 });
+                        outq[peer].push_back(OutMsg { hdr, kind, data, len, desc, sent: 0 });
                     }
                 }
                 Step::Recv { peer, dst } => {
+                    let rdv = link_rendezvous(channels, peer, call)?;
                     let base = bufs.ptr(&dst)?;
-                    for (off, len) in segments(dst.len) {
+                    for (off, len, _) in frames(rdv, dst.len) {
                         // SAFETY: as above.
                         inq[peer].push_back(InMsg::new(unsafe { base.add(off) }, None, len));
                     }
@@ -238,9 +295,10 @@ pub fn execute(
                     if src.len != dst.len || (src.overlaps(&dst) && src != dst) {
                         return Err(Error::InvalidArgument(format!("bad receive-reduce regions {src:?} {dst:?}")));
                     }
+                    let rdv = link_rendezvous(channels, peer, call)?;
                     let d = bufs.ptr(&dst)?;
                     let s = bufs.ptr(&src)? as *const u8;
-                    for (off, len) in segments(dst.len) {
+                    for (off, len, _) in frames(rdv, dst.len) {
                         // SAFETY: as above.
                         inq[peer].push_back(InMsg::new(unsafe { d.add(off) }, Some(unsafe { s.add(off) }), len));
                     }
@@ -254,15 +312,27 @@ pub fn execute(
 
 impl InMsg {
     fn new(dst: *mut u8, src: Option<*const u8>, len: usize) -> InMsg {
-        InMsg { len, dst, src, got: 0, reduced: 0, started: false }
+        InMsg { len, dst, src, got: 0, reduced: 0, started: false, desc: [0; 16], desc_got: 0 }
     }
 }
 
-/// (offset, length) of the frames a transfer of `len` bytes is cut into; a
-/// zero-length transfer is one empty frame (barrier messages).
-fn segments(len: usize) -> impl Iterator<Item = (usize, usize)> {
-    let n = len.div_ceil(SEGMENT_BYTES).max(1);
-    (0..n).map(move |i| (i * SEGMENT_BYTES, (len - i * SEGMENT_BYTES).min(SEGMENT_BYTES)))
+/// Whether transfers with `peer` may go single-copy; an error if there is no link.
+fn link_rendezvous(channels: &[Option<Channel>], peer: usize, call: &CallInfo) -> Result<bool> {
+    match channels.get(peer) {
+        Some(Some(ch)) => Ok(ch.rendezvous),
+        _ => Err(Error::InvalidArgument(format!("{}: schedule names rank {peer}, which has no link", call.ctx))),
+    }
+}
+
+/// (offset, length, single-copy) of the frames a transfer of `len` bytes is cut
+/// into. Both ends compute the same cut: it depends only on the length and on the
+/// link's rendezvous ability, which both ends share. A zero-length transfer is one
+/// empty frame (barrier messages).
+fn frames(rendezvous: bool, len: usize) -> impl Iterator<Item = (usize, usize, bool)> {
+    let single = rendezvous && len >= RENDEZVOUS_BYTES;
+    let n = if single { 1 } else { len.div_ceil(SEGMENT_BYTES).max(1) };
+    let step = if single { len } else { SEGMENT_BYTES };
+    (0..n).map(move |i| (i * step, (len - i * step).min(step.max(1)), single))
 }
 
 fn local_copy(bufs: &mut Buffers, src: &Region, dst: &Region) -> Result<()> {
@@ -311,9 +381,10 @@ fn run_transfers(
         let mut pending = false;
         for peer in 0..channels.len() {
             let Some(ch) = channels[peer].as_mut() else { continue };
-            progressed |= progress_send(ch, &mut outq[peer]).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+            progressed |=
+                progress_send(ch, &mut outq[peer], call).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
             progressed |= progress_recv(ch, peer, &mut inq[peer], call)?;
-            pending |= !outq[peer].is_empty() || !inq[peer].is_empty();
+            pending |= busy(ch, &outq[peer], &inq[peer]);
         }
         if !pending {
             return Ok(());
@@ -326,7 +397,9 @@ fn run_transfers(
         }
         let idle = now - last_progress;
         if idle >= call.timeout {
-            let waiting_on = (0..channels.len()).filter(|&p| !outq[p].is_empty() || !inq[p].is_empty()).collect();
+            let waiting_on = (0..channels.len())
+                .filter(|&p| channels[p].as_ref().is_some_and(|ch| busy(ch, &outq[p], &inq[p])))
+                .collect();
             return Err(Error::Timeout { ctx: call.ctx.clone(), timeout: call.timeout, waiting_on });
         }
         if idle < call.wait.spin {
@@ -339,9 +412,14 @@ fn run_transfers(
         }
         let left = call.timeout - idle;
         if !block_on_fds(channels, outq, inq, left.min(Duration::from_millis(100))) {
-            // No descriptors to poll (in-process links): back off gently.
-            std::thread::sleep(sleep.min(left));
-            sleep = (sleep * 2).min(Duration::from_millis(1));
+            // No descriptors to poll (memory links): yield for a while — cheap when
+            // ranks outnumber cores, since a peer is likely runnable — then back off.
+            if idle < call.wait.spin + YIELD_PHASE {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(sleep.min(left));
+                sleep = (sleep * 2).min(Duration::from_millis(1));
+            }
         }
     }
 }
@@ -359,12 +437,12 @@ fn block_on_fds(
         let Some(ch) = ch else { continue };
         let Some(fd) = ch.link.poll_fd() else { return false };
         let mut events = 0;
-        if !outq[peer].is_empty() {
+        if !outq[peer].is_empty() || ch.acks_owed > 0 {
             events |= libc::POLLOUT;
         }
-        // Watch input when a receive is queued, or (idle) for an abort or EOF —
-        // but not when a complete header is already waiting for its step.
-        if !inq[peer].is_empty() || matches!(ch.rx, Rx::Header { .. } | Rx::Reason { .. }) {
+        // Watch input when a receive or an ack is awaited, or (idle) for an abort
+        // or EOF — but not when a complete header already waits for its step.
+        if !inq[peer].is_empty() || ch.acks_awaited > 0 || matches!(ch.rx, Rx::Header { .. } | Rx::Reason { .. }) {
             events |= libc::POLLIN;
         }
         if events != 0 {
@@ -380,11 +458,21 @@ fn block_on_fds(
     true
 }
 
-fn progress_send(ch: &mut Channel, q: &mut VecDeque<OutMsg>) -> io::Result<bool> {
+/// Whether a channel still has work in this round.
+fn busy(ch: &Channel, out: &VecDeque<OutMsg>, inq: &VecDeque<InMsg>) -> bool {
+    !out.is_empty() || !inq.is_empty() || ch.acks_awaited > 0 || ch.acks_owed > 0
+}
+
+fn progress_send(ch: &mut Channel, q: &mut VecDeque<OutMsg>, call: &CallInfo) -> io::Result<bool> {
     let mut progressed = false;
+    // Acks jump the queue at a frame boundary: the peer's round waits on them.
+    while ch.acks_owed > 0 && ch.tx_at_boundary && q.front().is_none_or(|m| m.sent == 0) {
+        q.push_front(OutMsg::ack(call));
+        ch.acks_owed -= 1;
+    }
     while let Some(m) = q.front_mut() {
-        // SAFETY: data..data+len is inside a live buffer region (see execute()).
-        let payload = unsafe { std::slice::from_raw_parts(m.data, m.len) };
+        let payload = m.payload();
+        let total = HEADER_LEN + payload.len();
         let (a, b) = split_frame(&m.hdr, payload, m.sent);
         let n = ch.link.try_write(&[a, b])?;
         if n == 0 {
@@ -392,8 +480,11 @@ fn progress_send(ch: &mut Channel, q: &mut VecDeque<OutMsg>) -> io::Result<bool>
         }
         progressed = true;
         m.sent += n;
-        ch.tx_at_boundary = m.sent == HEADER_LEN + m.len;
+        ch.tx_at_boundary = m.sent == total;
         if ch.tx_at_boundary {
+            if m.kind == FrameKind::Rendezvous {
+                ch.acks_awaited += 1;
+            }
             q.pop_front();
         }
     }
@@ -435,7 +526,15 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                     detail,
                 })?;
                 ch.rx = match h.kind {
-                    FrameKind::Data => Rx::Ready(h),
+                    FrameKind::Data | FrameKind::Rendezvous => Rx::Ready(h),
+                    FrameKind::Ack => {
+                        if ch.acks_awaited == 0 {
+                            let detail = "acknowledgement of a transfer that was never announced".to_string();
+                            return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
+                        }
+                        ch.acks_awaited -= 1;
+                        Rx::Header { have: 0 }
+                    }
                     FrameKind::Abort => Rx::Reason { want: (h.len as usize).min(MAX_REASON), buf: Vec::new() },
                     FrameKind::Goodbye => {
                         ch.said_goodbye = true;
@@ -464,8 +563,25 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
             Rx::Ready(h) => {
                 let Some(m) = q.front_mut() else { return Ok(progressed) };
                 if !m.started {
-                    check_header(h, m.len, peer, call)?;
+                    let wire_len = if h.kind == FrameKind::Rendezvous { 16 } else { m.len };
+                    check_header(h, wire_len, peer, call)?;
                     m.started = true;
+                }
+                if h.kind == FrameKind::Rendezvous {
+                    let n = ch
+                        .link
+                        .try_read(&mut m.desc[m.desc_got..])
+                        .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+                    m.desc_got += n;
+                    if m.desc_got < m.desc.len() {
+                        return Ok(progressed | (n > 0));
+                    }
+                    pull_from_peer(ch, m, peer, call)?;
+                    ch.acks_owed += 1;
+                    q.pop_front();
+                    ch.rx = Rx::Header { have: 0 };
+                    progressed = true;
+                    continue;
                 }
                 if m.got < m.len {
                     let n = match m.src {
@@ -499,6 +615,51 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
             }
         }
     }
+}
+
+/// Single copy: read a rendezvous transfer straight from the peer's memory —
+/// into place for a plain receive, or chunk by chunk through a cache-sized staging
+/// buffer that is reduced while still hot.
+fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<()> {
+    let addr = u64::from_le_bytes(m.desc[..8].try_into().expect("8 bytes")) as usize;
+    let len = u64::from_le_bytes(m.desc[8..].try_into().expect("8 bytes")) as usize;
+    if len != m.len {
+        let detail = format!("rendezvous of {len} bytes where this rank expects {}", m.len);
+        return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
+    }
+    let lost = |e: io::Error| Error::PeerLost {
+        ctx: call.ctx.clone(),
+        peer,
+        detail: format!("reading its memory failed: {e}"),
+    };
+    let Some(src) = m.src else {
+        // SAFETY: dst..dst+len is a live region of this rank's buffers.
+        let dst = unsafe { std::slice::from_raw_parts_mut(m.dst, len) };
+        return ch.link.read_peer(addr, dst).map_err(lost);
+    };
+    if ch.staging.len() < PEER_CHUNK {
+        ch.staging.resize(PEER_CHUNK.max(SEGMENT_BYTES), 0);
+    }
+    let op = call.reduce_op.combiner();
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(PEER_CHUNK);
+        ch.link.read_peer(addr + off, &mut ch.staging[..n]).map_err(lost)?;
+        let inc = &ch.staging[..n];
+        // SAFETY: [off, off+n) lies inside the step's dst and src ranges; src is
+        // either the same memory as dst or disjoint from it (checked when queued).
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(m.dst.add(off), n);
+            if std::ptr::eq(src, m.dst) {
+                reduce::reduce_inplace(call.dtype, op, dst, inc)?;
+            } else {
+                reduce::reduce_into(call.dtype, op, dst, std::slice::from_raw_parts(src.add(off), n), inc)?;
+            }
+        }
+        off += n;
+    }
+    m.got = len;
+    Ok(())
 }
 
 /// Reduce what has arrived of a receive-reduce segment, in grains, so reduction

@@ -1,7 +1,7 @@
 //! Wire frames: a fixed 40-byte header in front of every message on every link.
 //!
 //! ```text
-//!  0 magic u16 "BR"   2 version u8   3 kind u8 (data, abort, goodbye)
+//!  0 magic u16 "BR"   2 version u8   3 kind u8 (data, abort, goodbye, rendezvous, ack)
 //!  4 communicator id u32
 //!  8 sequence number u64 (collectives: per communicator; send/recv: per peer)
 //! 16 op u8  17 dtype u8  18 reduce op u8  19 epoch u8
@@ -29,6 +29,12 @@ pub enum FrameKind {
     Abort = 2,
     /// The sender closed its communicator in an orderly way.
     Goodbye = 3,
+    /// Single copy: instead of the data, where to read it in the sender's memory
+    /// (payload: address u64, length u64). Answered with an [`FrameKind::Ack`].
+    Rendezvous = 4,
+    /// The receiver finished reading the sender's memory for the oldest
+    /// unacknowledged rendezvous on this link.
+    Ack = 5,
 }
 
 /// A decoded header.
@@ -80,6 +86,8 @@ impl Header {
             1 => FrameKind::Data,
             2 => FrameKind::Abort,
             3 => FrameKind::Goodbye,
+            4 => FrameKind::Rendezvous,
+            5 => FrameKind::Ack,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let op = OpKind::from_code(b[16]).ok_or_else(|| format!("unknown op code {}", b[16]))?;

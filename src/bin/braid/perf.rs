@@ -293,6 +293,14 @@ fn check(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
     }
 }
 
+/// Name of a transport code from the gather in [`sweep`] (0: no link).
+fn transport_label(code: u8) -> &'static str {
+    [TransportKind::InProcess, TransportKind::Tcp]
+        .into_iter()
+        .find(|k| *k as u8 + 1 == code)
+        .map_or("none", |k| k.name())
+}
+
 fn busbw_factor(op: OpKind, n: usize) -> f64 {
     let n = n as f64;
     match op {
@@ -339,8 +347,10 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         let algo = a.algo.parse().map_err(braid::Error::InvalidArgument)?;
         comm.set_algorithm(Some(algo));
     }
-    let transports: Vec<String> =
-        comm.transports().iter().enumerate().filter_map(|(p, t)| t.map(|t| format!("{p}={t}"))).collect();
+    // Every rank's transport to every peer, gathered so rank 0 can print them all.
+    let codes: Vec<u8> = comm.transports().iter().map(|t| t.map_or(0, |k| k as u8 + 1)).collect();
+    let mut all_codes = vec![0u8; n * n];
+    comm.all_gather(&codes, &mut all_codes)?;
     let mut json = match (&a.json, rank) {
         (Some(path), 0) => Some(
             std::fs::OpenOptions::new()
@@ -351,7 +361,10 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         ),
         _ => None,
     };
-    let transport_name = comm.transports().iter().flatten().next().map(|t| t.name()).unwrap_or("none");
+    let mut kinds: Vec<&str> = all_codes.iter().filter(|c| **c != 0).map(|c| transport_label(*c)).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    let transport_name = if kinds.is_empty() { "none".to_string() } else { kinds.join("+") };
     if rank == 0 {
         println!(
             "# braid perf: {} world={n} dtype={} redop={} root={} {}",
@@ -361,11 +374,12 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             a.root,
             if a.out_of_place { "out-of-place" } else { "in-place" }
         );
-        println!(
-            "# transport: {transport_name} (rank 0 peers: {})   algorithm: {}",
-            if transports.is_empty() { "none".into() } else { transports.join(" ") },
-            a.algo
-        );
+        println!("# transport: {transport_name}   algorithm: {}", a.algo);
+        for r in 0..n {
+            let peers: Vec<String> =
+                (0..n).filter(|&p| p != r).map(|p| format!("{p}={}", transport_label(all_codes[r * n + p]))).collect();
+            println!("# rank {r}: {}", if peers.is_empty() { "(alone)".into() } else { peers.join(" ") });
+        }
         println!("#");
         println!(
             "# {:>12} {:>12} {:>6} {:>6} {:>5} {:>10} {:>11} {:>11} {:>7} {:>6}",
