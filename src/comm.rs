@@ -19,7 +19,9 @@ use crate::error::{Error, OpContext, Result};
 use crate::executor::{self, Buffers, CallInfo, Channel, WaitPolicy};
 use crate::frame::FrameKind;
 use crate::reduce;
+use crate::topology;
 use crate::transport::loopback::LoopbackLink;
+use crate::transport::shm::{connect_shm, ShmOptions};
 use crate::transport::tcp::{connect_mesh, MeshOptions};
 use crate::transport::{Link, TransportKind};
 use crate::types::{CallSig, DType, Element, OpKind, ReduceOp};
@@ -42,6 +44,7 @@ pub(crate) struct Engine {
     algorithm: Option<Algorithm>,
     broken: Option<String>,
     scratch: Vec<u8>,
+    queues: executor::Queues,
     plans: HashMap<PlanKey, Arc<Schedule>>,
 }
 
@@ -90,7 +93,7 @@ impl Engine {
             timeout: self.timeout,
             wait: self.wait,
         };
-        let result = executor::execute(schedule, &mut self.channels, bufs, &info).and_then(|()| {
+        let result = executor::execute(schedule, &mut self.channels, &mut self.queues, bufs, &info).and_then(|()| {
             if sig.reduce_op == ReduceOp::Avg && sig.op.reduces() {
                 for r in &schedule.finalize {
                     let (base, len) = match r.buf {
@@ -408,13 +411,6 @@ impl CommunicatorBuilder {
     /// Connect to every peer and return the communicator.
     pub fn build(self) -> Result<Communicator> {
         let cfg = self.config;
-        if let Some(list) = &cfg.transports {
-            if !list.contains(&TransportKind::Tcp) {
-                return Err(Error::Config(format!(
-                    "transports {list:?} cannot connect processes: only tcp can (in-process ranks come from Communicator::in_process)"
-                )));
-            }
-        }
         let store = match self.store {
             Some(s) => s,
             None => {
@@ -429,20 +425,38 @@ impl CommunicatorBuilder {
         let prefix = "braid/comm0".to_string();
         let comm_id = fnv32(prefix.as_bytes());
         let scoped = PrefixStore::new(prefix, store);
-        let mut opts = MeshOptions::new(cfg.rank, cfg.world_size, "mesh");
-        opts.ifname = cfg.socket_ifname.clone();
-        opts.timeout = cfg.timeout;
-        opts.comm_id = comm_id as u64;
-        let links = connect_mesh(&opts, &scoped)?;
-        let links = links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
-        Ok(Communicator::from_links(
-            cfg.rank,
-            cfg.world_size,
-            links,
-            comm_id,
-            &cfg,
-            WaitPolicy::for_ranks(cfg.world_size),
-        ))
+        // Which peers share this host is probed, not guessed; each peer then gets
+        // the first allowed transport that can reach it (shared memory, then TCP).
+        let topo = topology::discover(cfg.rank, cfg.world_size, &scoped, "topo", cfg.timeout)?;
+        let kinds = topology::choose_transports(&topo, cfg.rank, cfg.transports.as_deref())?;
+        let wanted = |k: TransportKind| kinds.iter().map(|t| *t == Some(k)).collect::<Vec<bool>>();
+        let mut links: Vec<Option<Box<dyn Link>>> = (0..cfg.world_size).map(|_| None).collect();
+        let shm_peers = wanted(TransportKind::Shm);
+        if shm_peers.iter().any(|b| *b) {
+            let mut opts = ShmOptions::new(cfg.rank, cfg.world_size, "shm");
+            opts.peers = shm_peers;
+            opts.timeout = cfg.timeout;
+            for (p, l) in connect_shm(&opts, &scoped)?.into_iter().enumerate() {
+                if let Some(l) = l {
+                    links[p] = Some(Box::new(l));
+                }
+            }
+        }
+        let tcp_peers = wanted(TransportKind::Tcp);
+        if tcp_peers.iter().any(|b| *b) {
+            let mut opts = MeshOptions::new(cfg.rank, cfg.world_size, "mesh");
+            opts.ifname = cfg.socket_ifname.clone();
+            opts.timeout = cfg.timeout;
+            opts.comm_id = comm_id as u64;
+            opts.peers = Some(tcp_peers);
+            for (p, l) in connect_mesh(&opts, &scoped)?.into_iter().enumerate() {
+                if let Some(l) = l {
+                    links[p] = Some(Box::new(l));
+                }
+            }
+        }
+        let wait = WaitPolicy::for_ranks(topo.local_size);
+        Ok(Communicator::from_links(cfg.rank, cfg.world_size, links, comm_id, &cfg, wait))
     }
 }
 
@@ -515,6 +529,7 @@ impl Communicator {
             algorithm: cfg.algorithm,
             broken: None,
             scratch: Vec::new(),
+            queues: executor::Queues::default(),
             plans: HashMap::new(),
         };
         let shared = Shared {

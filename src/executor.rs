@@ -15,7 +15,7 @@
 //! cache-sized chunks and answers with an ack; the sender's round ends only after
 //! the ack, so its buffer stays valid while it is read. One copy instead of two.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use crate::algorithm::{BufId, Region, Schedule, Step};
 use crate::error::{Error, OpContext, Result};
 use crate::frame::{FrameKind, Header, HEADER_LEN};
 use crate::reduce;
+use crate::registered::{self, PeerSegment};
 use crate::transport::Link;
 use crate::types::{CallSig, DType, ReduceOp};
 
@@ -39,6 +40,10 @@ const PEER_CHUNK: usize = 64 << 10;
 /// After spinning, links without a descriptor to poll keep yielding this long
 /// before they start to sleep.
 const YIELD_PHASE: Duration = Duration::from_millis(2);
+/// Rendezvous payload: address u64, length u64, offset in a registered segment
+/// u64, name length u8, then the segment's name (empty: not registered).
+const DESC_FIXED: usize = 25;
+const DESC_MAX: usize = DESC_FIXED + registered::MAX_NAME;
 /// Longest an abort message may be.
 const MAX_REASON: usize = 64 << 10;
 
@@ -87,6 +92,8 @@ pub struct Channel {
     acks_awaited: usize,
     /// Rendezvous reads finished whose ack is still to be sent.
     acks_owed: usize,
+    /// The peer's registered segments mapped so far, by name.
+    peer_segments: HashMap<String, PeerSegment>,
 }
 
 impl Channel {
@@ -96,6 +103,7 @@ impl Channel {
             rendezvous: link.can_read_peer(),
             acks_awaited: 0,
             acks_owed: 0,
+            peer_segments: HashMap::new(),
             link,
             hdr: [0; HEADER_LEN],
             rx: Rx::Header { have: 0 },
@@ -207,15 +215,16 @@ struct OutMsg {
     /// Data frames: the payload. Rendezvous frames: the data the peer will read.
     data: *const u8,
     len: usize,
-    /// Rendezvous payload: address and length of the data, little-endian.
-    desc: [u8; 16],
+    /// Rendezvous payload (see [`DESC_FIXED`]) and its length.
+    desc: [u8; DESC_MAX],
+    desc_len: usize,
     sent: usize,
 }
 
 impl OutMsg {
     fn payload(&self) -> &[u8] {
         match self.kind {
-            FrameKind::Rendezvous => &self.desc,
+            FrameKind::Rendezvous => &self.desc[..self.desc_len],
             FrameKind::Data => {
                 // SAFETY: data..data+len is inside a live buffer region (see execute()).
                 unsafe { std::slice::from_raw_parts(self.data, self.len) }
@@ -226,7 +235,7 @@ impl OutMsg {
 
     fn ack(call: &CallInfo) -> OutMsg {
         let hdr = Header::control(FrameKind::Ack, call.comm_id, call.epoch, 0).encode();
-        OutMsg { hdr, kind: FrameKind::Ack, data: std::ptr::null(), len: 0, desc: [0; 16], sent: 0 }
+        OutMsg { hdr, kind: FrameKind::Ack, data: std::ptr::null(), len: 0, desc: [0; DESC_MAX], desc_len: 0, sent: 0 }
     }
 }
 
@@ -239,22 +248,49 @@ struct InMsg {
     reduced: usize,
     started: bool,
     /// Rendezvous descriptor bytes read so far.
-    desc: [u8; 16],
+    desc: [u8; DESC_MAX],
     desc_got: usize,
 }
+
+/// Per-peer transfer queues, kept between calls so a call allocates nothing.
+#[derive(Default)]
+pub struct Queues {
+    out: Vec<VecDeque<OutMsg>>,
+    inq: Vec<VecDeque<InMsg>>,
+}
+
+// SAFETY: the queues hold raw pointers only during `execute`, which empties them
+// before returning (on success and on error alike).
+unsafe impl Send for Queues {}
 
 /// Run `schedule` over `channels` (indexed by peer rank) with `bufs`.
 pub fn execute(
     schedule: &Schedule,
     channels: &mut [Option<Channel>],
+    queues: &mut Queues,
     bufs: &mut Buffers,
     call: &CallInfo,
 ) -> Result<()> {
     if bufs.scratch.len() < schedule.scratch_bytes {
         bufs.scratch.resize(schedule.scratch_bytes, 0);
     }
-    let mut outq: Vec<VecDeque<OutMsg>> = (0..channels.len()).map(|_| VecDeque::new()).collect();
-    let mut inq: Vec<VecDeque<InMsg>> = (0..channels.len()).map(|_| VecDeque::new()).collect();
+    queues.out.resize_with(channels.len(), VecDeque::new);
+    queues.inq.resize_with(channels.len(), VecDeque::new);
+    let result = run_rounds(schedule, channels, &mut queues.out, &mut queues.inq, bufs, call);
+    // Never keep pointers into this call's buffers.
+    queues.out.iter_mut().for_each(VecDeque::clear);
+    queues.inq.iter_mut().for_each(VecDeque::clear);
+    result
+}
+
+fn run_rounds(
+    schedule: &Schedule,
+    channels: &mut [Option<Channel>],
+    outq: &mut [VecDeque<OutMsg>],
+    inq: &mut [VecDeque<InMsg>],
+    bufs: &mut Buffers,
+    call: &CallInfo,
+) -> Result<()> {
     for round in &schedule.rounds {
         for step in &round.steps {
             match *step {
@@ -267,10 +303,8 @@ pub fn execute(
                         // SAFETY: off + len <= src.len, inside the region checked by ptr().
                         let data = unsafe { base.add(off) };
                         let kind = if single { FrameKind::Rendezvous } else { FrameKind::Data };
-                        let mut desc = [0u8; 16];
-                        desc[..8].copy_from_slice(&(data as u64).to_le_bytes());
-                        desc[8..].copy_from_slice(&(len as u64).to_le_bytes());
-                        let wire_len = if single { desc.len() } else { len };
+                        let (desc, desc_len) = if single { describe(data, len) } else { ([0; DESC_MAX], 0) };
+                        let wire_len = if single { desc_len } else { len };
                         let hdr = Header {
                             kind,
                             comm_id: call.comm_id,
@@ -280,7 +314,7 @@ pub fn execute(
                             len: wire_len as u32,
                         }
                         .encode();
-                        outq[peer].push_back(OutMsg { hdr, kind, data, len, desc, sent: 0 });
+                        outq[peer].push_back(OutMsg { hdr, kind, data, len, desc, desc_len, sent: 0 });
                     }
                 }
                 Step::Recv { peer, dst } => {
@@ -305,15 +339,28 @@ pub fn execute(
                 }
             }
         }
-        run_transfers(channels, &mut outq, &mut inq, call)?;
+        run_transfers(channels, outq, inq, call)?;
     }
     Ok(())
 }
 
 impl InMsg {
     fn new(dst: *mut u8, src: Option<*const u8>, len: usize) -> InMsg {
-        InMsg { len, dst, src, got: 0, reduced: 0, started: false, desc: [0; 16], desc_got: 0 }
+        InMsg { len, dst, src, got: 0, reduced: 0, started: false, desc: [0; DESC_MAX], desc_got: 0 }
     }
+}
+
+/// The rendezvous payload for `len` bytes at `data`, naming the registered segment
+/// that holds them, if any.
+fn describe(data: *const u8, len: usize) -> ([u8; DESC_MAX], usize) {
+    let mut d = [0u8; DESC_MAX];
+    d[..8].copy_from_slice(&(data as u64).to_le_bytes());
+    d[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+    let Some((name, offset)) = registered::lookup(data as usize, len) else { return (d, DESC_FIXED) };
+    d[16..24].copy_from_slice(&(offset as u64).to_le_bytes());
+    d[24] = name.len() as u8;
+    d[DESC_FIXED..DESC_FIXED + name.len()].copy_from_slice(name.as_bytes());
+    (d, DESC_FIXED + name.len())
 }
 
 /// Whether transfers with `peer` may go single-copy; an error if there is no link.
@@ -563,17 +610,22 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
             Rx::Ready(h) => {
                 let Some(m) = q.front_mut() else { return Ok(progressed) };
                 if !m.started {
-                    let wire_len = if h.kind == FrameKind::Rendezvous { 16 } else { m.len };
+                    // A rendezvous payload is a descriptor of DESC_FIXED..=DESC_MAX bytes.
+                    let wire_len = if h.kind == FrameKind::Rendezvous {
+                        (h.len as usize).clamp(DESC_FIXED, DESC_MAX)
+                    } else {
+                        m.len
+                    };
                     check_header(h, wire_len, peer, call)?;
                     m.started = true;
                 }
                 if h.kind == FrameKind::Rendezvous {
                     let n = ch
                         .link
-                        .try_read(&mut m.desc[m.desc_got..])
+                        .try_read(&mut m.desc[m.desc_got..h.len as usize])
                         .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
                     m.desc_got += n;
-                    if m.desc_got < m.desc.len() {
+                    if m.desc_got < h.len as usize {
                         return Ok(progressed | (n > 0));
                     }
                     pull_from_peer(ch, m, peer, call)?;
@@ -621,11 +673,18 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
 /// into place for a plain receive, or chunk by chunk through a cache-sized staging
 /// buffer that is reduced while still hot.
 fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<()> {
-    let addr = u64::from_le_bytes(m.desc[..8].try_into().expect("8 bytes")) as usize;
-    let len = u64::from_le_bytes(m.desc[8..].try_into().expect("8 bytes")) as usize;
-    if len != m.len {
+    let field = |i: usize| u64::from_le_bytes(m.desc[i..i + 8].try_into().expect("8 bytes")) as usize;
+    let (addr, len, offset) = (field(0), field(8), field(16));
+    let name_len = m.desc[24] as usize;
+    if len != m.len || DESC_FIXED + name_len != m.desc_got {
         let detail = format!("rendezvous of {len} bytes where this rank expects {}", m.len);
         return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
+    }
+    if name_len > 0 {
+        let name = String::from_utf8_lossy(&m.desc[DESC_FIXED..DESC_FIXED + name_len]).into_owned();
+        if pull_registered(ch, m, &name, offset, call)? {
+            return Ok(());
+        }
     }
     let lost = |e: io::Error| Error::PeerLost {
         ctx: call.ctx.clone(),
@@ -660,6 +719,36 @@ fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo)
     }
     m.got = len;
     Ok(())
+}
+
+/// Zero copy from a peer's registered segment, mapped once per link: copy or
+/// reduce straight out of the mapping. Returns false when the segment cannot be
+/// mapped here, so the caller falls back to reading through the kernel.
+fn pull_registered(ch: &mut Channel, m: &mut InMsg, name: &str, offset: usize, call: &CallInfo) -> Result<bool> {
+    if !ch.peer_segments.contains_key(name) {
+        match PeerSegment::open(name) {
+            Ok(seg) => {
+                ch.peer_segments.insert(name.to_owned(), seg);
+            }
+            Err(e) => {
+                tracing::debug!("cannot map registered segment {name}: {e}; reading through the kernel");
+                return Ok(false);
+            }
+        }
+    }
+    let Some(peer) = ch.peer_segments.get(name).and_then(|seg| seg.slice(offset, m.len)) else { return Ok(false) };
+    let op = call.reduce_op.combiner();
+    // SAFETY: dst (and src) are live regions of this rank's buffers; src is dst or disjoint.
+    unsafe {
+        let dst = std::slice::from_raw_parts_mut(m.dst, m.len);
+        match m.src {
+            None => dst.copy_from_slice(peer),
+            Some(src) if std::ptr::eq(src, m.dst) => reduce::reduce_inplace(call.dtype, op, dst, peer)?,
+            Some(src) => reduce::reduce_into(call.dtype, op, dst, std::slice::from_raw_parts(src, m.len), peer)?,
+        }
+    }
+    m.got = m.len;
+    Ok(true)
 }
 
 /// Reduce what has arrived of a receive-reduce segment, in grains, so reduction

@@ -41,6 +41,8 @@ pub mod error;
 pub mod executor;
 pub mod frame;
 pub mod reduce;
+pub mod registered;
+pub mod topology;
 pub mod transport;
 pub mod types;
 

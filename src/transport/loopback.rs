@@ -1,122 +1,30 @@
 //! In-process links: ranks that are threads of one process talk through
-//! single-producer single-consumer byte rings. No system call on the data path.
+//! single-producer single-consumer byte rings ([`super::ring`]) on the heap. No
+//! system call on the data path.
 
-use std::cell::UnsafeCell;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 
+use crate::transport::ring::{heap_ring, RingReader, RingWriter};
 use crate::transport::{Link, TransportKind};
 
 /// Bytes buffered per direction between two threads.
 pub const RING_BYTES: usize = 4 << 20;
 
-/// Pads a counter to its own 128-byte block so producer and consumer do not
-/// false-share (adjacent-line prefetch pulls pairs of 64-byte lines).
-#[repr(align(128))]
-struct Padded<T>(T);
-
-/// One direction: the writer advances `head`, the reader advances `tail`; both
-/// only grow (wrapping), so `head - tail` is the number of buffered bytes.
-struct ByteRing {
-    head: Padded<AtomicUsize>,
-    tail: Padded<AtomicUsize>,
-    writer_closed: AtomicBool,
-    reader_closed: AtomicBool,
-    data: Box<[UnsafeCell<u8>]>,
-}
-
-// SAFETY: the head/tail protocol gives the writer exclusive access to the free
-// part of `data` and the reader exclusive access to the filled part; the
-// Release/Acquire pairs on head and tail order the byte copies.
-unsafe impl Sync for ByteRing {}
-
-impl ByteRing {
-    fn new(capacity: usize) -> ByteRing {
-        ByteRing {
-            head: Padded(AtomicUsize::new(0)),
-            tail: Padded(AtomicUsize::new(0)),
-            writer_closed: AtomicBool::new(false),
-            reader_closed: AtomicBool::new(false),
-            data: (0..capacity).map(|_| UnsafeCell::new(0)).collect(),
-        }
-    }
-
-    fn base(&self) -> *mut u8 {
-        // UnsafeCell<u8> has the layout of u8.
-        self.data.as_ptr() as *mut u8
-    }
-
-    /// Called only by the single writer.
-    fn write(&self, bufs: &[&[u8]]) -> usize {
-        let cap = self.data.len();
-        let head = self.head.0.load(Ordering::Relaxed);
-        let tail = self.tail.0.load(Ordering::Acquire);
-        let mut free = cap - head.wrapping_sub(tail);
-        let mut pos = head;
-        for b in bufs {
-            let n = b.len().min(free);
-            let mut done = 0;
-            while done < n {
-                let at = pos % cap;
-                let run = (n - done).min(cap - at);
-                // SAFETY: [at, at+run) lies in the free part, owned by the writer.
-                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr().add(done), self.base().add(at), run) };
-                done += run;
-                pos = pos.wrapping_add(run);
-            }
-            free -= n;
-            if n < b.len() {
-                break;
-            }
-        }
-        let written = pos.wrapping_sub(head);
-        if written > 0 {
-            self.head.0.store(pos, Ordering::Release);
-        }
-        written
-    }
-
-    /// Called only by the single reader.
-    fn read(&self, out: &mut [u8]) -> usize {
-        let cap = self.data.len();
-        let tail = self.tail.0.load(Ordering::Relaxed);
-        let head = self.head.0.load(Ordering::Acquire);
-        let n = head.wrapping_sub(tail).min(out.len());
-        let mut done = 0;
-        while done < n {
-            let at = (tail.wrapping_add(done)) % cap;
-            let run = (n - done).min(cap - at);
-            // SAFETY: [at, at+run) lies in the filled part, owned by the reader.
-            unsafe { std::ptr::copy_nonoverlapping(self.base().add(at), out.as_mut_ptr().add(done), run) };
-            done += run;
-        }
-        if n > 0 {
-            self.tail.0.store(tail.wrapping_add(n), Ordering::Release);
-        }
-        n
-    }
-
-    fn is_empty(&self) -> bool {
-        self.head.0.load(Ordering::Acquire) == self.tail.0.load(Ordering::Relaxed)
-    }
-}
-
 /// One end of an in-process connection.
 pub struct LoopbackLink {
     peer: usize,
-    tx: Arc<ByteRing>,
-    rx: Arc<ByteRing>,
+    tx: RingWriter,
+    rx: RingReader,
 }
 
 impl LoopbackLink {
     /// A connected pair: the first end belongs to rank `a` (its peer is `b`), the
     /// second to rank `b`.
     pub fn pair(a: usize, b: usize, capacity: usize) -> (LoopbackLink, LoopbackLink) {
-        let ab = Arc::new(ByteRing::new(capacity));
-        let ba = Arc::new(ByteRing::new(capacity));
-        (LoopbackLink { peer: b, tx: ab.clone(), rx: ba.clone() }, LoopbackLink { peer: a, tx: ba, rx: ab })
+        let (ab_tx, ab_rx) = heap_ring(capacity);
+        let (ba_tx, ba_rx) = heap_ring(capacity);
+        (LoopbackLink { peer: b, tx: ab_tx, rx: ba_rx }, LoopbackLink { peer: a, tx: ba_tx, rx: ab_rx })
     }
 
     /// A full mesh for `world` thread ranks: `result[r][p]` is rank r's link to p.
@@ -141,7 +49,7 @@ impl Link for LoopbackLink {
     }
 
     fn try_write(&mut self, bufs: &[&[u8]]) -> io::Result<usize> {
-        if self.tx.reader_closed.load(Ordering::Acquire) {
+        if self.tx.is_reader_closed() {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, "peer thread dropped its link"));
         }
         Ok(self.tx.write(bufs))
@@ -149,7 +57,7 @@ impl Link for LoopbackLink {
 
     fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.rx.read(buf);
-        if n == 0 && !buf.is_empty() && self.rx.writer_closed.load(Ordering::Acquire) && self.rx.is_empty() {
+        if n == 0 && !buf.is_empty() && self.rx.is_writer_closed() && self.rx.is_empty() {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer thread closed its link"));
         }
         Ok(n)
@@ -160,16 +68,39 @@ impl Link for LoopbackLink {
     }
 
     fn close(&mut self) {
-        self.tx.writer_closed.store(true, Ordering::Release);
+        self.tx.close();
+    }
+
+    fn can_read_peer(&self) -> bool {
+        // Both ends are threads of this process: the peer's memory is our memory.
+        true
+    }
+
+    /// A plain copy from `addr` in this address space.
+    ///
+    /// Safety contract (the trait method is safe, so the caller upholds it): the
+    /// executor passes only the address of a buffer the peer thread announced,
+    /// keeps alive and does not write until this rank acknowledges the read, so
+    /// `[addr, addr + dst.len())` is live, initialised and not written concurrently.
+    fn read_peer(&mut self, addr: usize, dst: &mut [u8]) -> io::Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        if addr == 0 || addr.checked_add(dst.len()).is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad peer address {addr:#x} for {} bytes from rank {}", dst.len(), self.peer),
+            ));
+        }
+        // SAFETY: see the contract above; `dst` is a distinct exclusive borrow, so
+        // the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
     }
 }
 
-impl Drop for LoopbackLink {
-    fn drop(&mut self) {
-        self.tx.writer_closed.store(true, Ordering::Release);
-        self.rx.reader_closed.store(true, Ordering::Release);
-    }
-}
+// Dropping a link drops its ring ends, which set the closed flags the peer watches
+// (writer closed: the peer reads end-of-stream; reader closed: its writes fail).
 
 #[cfg(test)]
 mod tests {
@@ -208,5 +139,16 @@ mod tests {
         drop(b);
         assert_eq!(a.try_write(&[b"x"]).unwrap_err().kind(), io::ErrorKind::BrokenPipe);
         assert_eq!(a.try_read(&mut [0u8; 4]).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn read_peer_copies_from_the_peer_threads_buffer() {
+        let (mut a, b) = LoopbackLink::pair(0, 1, 64);
+        assert!(a.can_read_peer() && b.can_read_peer());
+        let src: Vec<u8> = (0..1000u32).map(|i| (i % 253) as u8).collect();
+        let mut dst = vec![0u8; 1000];
+        a.read_peer(src.as_ptr() as usize, &mut dst).unwrap();
+        assert_eq!(dst, src);
+        assert_eq!(a.read_peer(0, &mut dst).unwrap_err().kind(), io::ErrorKind::InvalidInput);
     }
 }

@@ -7,6 +7,8 @@
 
 pub mod ifaces;
 pub mod loopback;
+pub mod ring;
+pub mod shm;
 pub mod tcp;
 
 use std::fmt;
@@ -21,14 +23,17 @@ pub enum TransportKind {
     InProcess,
     /// TCP sockets.
     Tcp,
+    /// Processes of one host, through rings in a shared-memory segment.
+    Shm,
 }
 
 impl TransportKind {
-    /// Lower-case name (`inproc`, `tcp`).
+    /// Lower-case name (`inproc`, `tcp`, `shm`).
     pub const fn name(self) -> &'static str {
         match self {
             TransportKind::InProcess => "inproc",
             TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
         }
     }
 }
@@ -45,7 +50,8 @@ impl FromStr for TransportKind {
         match s.to_ascii_lowercase().as_str() {
             "inproc" | "in-process" | "loopback" | "threads" => Ok(TransportKind::InProcess),
             "tcp" => Ok(TransportKind::Tcp),
-            other => Err(format!("unknown transport `{other}` (expected tcp or inproc)")),
+            "shm" => Ok(TransportKind::Shm),
+            other => Err(format!("unknown transport `{other}` (expected tcp, shm or inproc)")),
         }
     }
 }

@@ -64,6 +64,9 @@ pub struct MeshOptions {
     /// Set SO_SNDBUF and SO_RCVBUF to this many bytes. None (the default) keeps
     /// kernel autotuning, which setting them disables.
     pub socket_buffer: Option<usize>,
+    /// Link only with the ranks marked true (`world` entries; e.g. the peers on
+    /// other hosts when shared memory serves the local ones). None links with all.
+    pub peers: Option<Vec<bool>>,
 }
 
 impl MeshOptions {
@@ -79,7 +82,13 @@ impl MeshOptions {
             timeout: crate::config::DEFAULT_TIMEOUT,
             comm_id: 0,
             socket_buffer: None,
+            peers: None,
         }
+    }
+
+    /// Whether this rank links with `peer` over TCP (per [`MeshOptions::peers`]).
+    pub fn links_to(&self, peer: usize) -> bool {
+        peer != self.rank && self.peers.as_ref().map_or(peer < self.world, |p| p.get(peer).copied().unwrap_or(false))
     }
 }
 
@@ -289,10 +298,13 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
     if opts.world > u32::MAX as usize {
         return Err(Error::InvalidArgument(format!("world size {} does not fit the handshake", opts.world)));
     }
+    if opts.peers.as_ref().is_some_and(|p| p.len() != opts.world) {
+        return Err(Error::InvalidArgument(format!("tcp peers mask does not have {} entries", opts.world)));
+    }
     let deadline = Instant::now() + opts.timeout;
     let (rank, world) = (opts.rank, opts.world);
     let mut links: Vec<Option<TcpLink>> = (0..world).map(|_| None).collect();
-    if world == 1 {
+    if !(0..world).any(|j| opts.links_to(j)) {
         return Ok(links);
     }
 
@@ -306,7 +318,7 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
     store.set(&address_key(&opts.key_prefix, rank), bound.to_string().as_bytes())?;
     tracing::debug!(rank, %bound, "tcp mesh: listening");
 
-    let mut book = AddressBook::new(rank);
+    let mut book = AddressBook::new(opts);
     let mut outgoing: Vec<Outgoing> = (0..rank).map(|_| Outgoing::Idle(Instant::now())).collect();
     let mut backoff = vec![FIRST_BACKOFF; rank];
     let mut incoming: Vec<Incoming> = Vec::new();
@@ -381,11 +393,11 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
 
         // Checked after the work and before sleeping: the last step of progress
         // must not be followed by a wait for events that will never come.
-        if links.iter().enumerate().all(|(j, l)| j == rank || l.is_some()) {
+        if links.iter().enumerate().all(|(j, l)| !opts.links_to(j) || l.is_some()) {
             return Ok(links);
         }
         if Instant::now() >= deadline {
-            let waiting_on: Vec<usize> = (0..world).filter(|&j| j != rank && links[j].is_none()).collect();
+            let waiting_on: Vec<usize> = (0..world).filter(|&j| opts.links_to(j) && links[j].is_none()).collect();
             return Err(timeout(opts, waiting_on));
         }
         // Wake for the next store lookup or connect retry that is due (ranks whose
@@ -408,6 +420,8 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
 /// timeout names only the ranks that are really missing.
 struct AddressBook {
     addrs: Vec<Option<SocketAddr>>,
+    /// Lower ranks this rank links with; the others are never looked up.
+    wanted: Vec<bool>,
     next_try: Instant,
     backoff: Duration,
 }
@@ -418,12 +432,17 @@ const FIRST_LOOKUP_BACKOFF: Duration = Duration::from_millis(1);
 const MAX_LOOKUP_BACKOFF: Duration = Duration::from_millis(50);
 
 impl AddressBook {
-    fn new(lower_ranks: usize) -> AddressBook {
-        AddressBook { addrs: vec![None; lower_ranks], next_try: Instant::now(), backoff: FIRST_LOOKUP_BACKOFF }
+    fn new(opts: &MeshOptions) -> AddressBook {
+        AddressBook {
+            addrs: vec![None; opts.rank],
+            wanted: (0..opts.rank).map(|j| opts.links_to(j)).collect(),
+            next_try: Instant::now(),
+            backoff: FIRST_LOOKUP_BACKOFF,
+        }
     }
 
     fn complete(&self) -> bool {
-        self.addrs.iter().all(Option::is_some)
+        self.addrs.iter().zip(&self.wanted).all(|(a, &w)| a.is_some() || !w)
     }
 
     /// Look up every missing address, if a lookup is due.
@@ -433,7 +452,7 @@ impl AddressBook {
         }
         let mut found = false;
         for j in 0..self.addrs.len() {
-            if self.addrs[j].is_some() {
+            if self.addrs[j].is_some() || !self.wanted[j] {
                 continue;
             }
             let key = address_key(&opts.key_prefix, j);
@@ -591,6 +610,9 @@ fn drive_incoming(
                     "hello from rank {from}, but rank {rank} of {world} accepts only ranks {}..{world}",
                     rank + 1
                 ));
+            }
+            if !opts.links_to(from) {
+                return Err(format!("hello from rank {from}, which rank {rank} does not link with over tcp"));
             }
             if claimed[from] {
                 return Err(format!("duplicate connection claiming rank {from}"));

@@ -79,8 +79,8 @@ pub fn main(args: PerfArgs) -> i32 {
     if transport == "inproc" {
         return threads(args);
     }
-    if transport != "auto" && transport != "tcp" {
-        eprintln!("braid perf: unknown transport `{transport}` (expected auto, tcp or inproc)");
+    if !["auto", "tcp", "shm"].contains(&transport.as_str()) {
+        eprintln!("braid perf: unknown transport `{transport}` (expected auto, shm, tcp or inproc)");
         return 2;
     }
     match Config::from_env() {
@@ -107,8 +107,10 @@ pub fn main(args: PerfArgs) -> i32 {
 }
 
 fn one_rank(args: PerfArgs, mut cfg: Config) -> i32 {
-    if args.transport.eq_ignore_ascii_case("tcp") {
-        cfg.transports = Some(vec![TransportKind::Tcp]);
+    match args.transport.to_ascii_lowercase().as_str() {
+        "tcp" => cfg.transports = Some(vec![TransportKind::Tcp]),
+        "shm" => cfg.transports = Some(vec![TransportKind::Shm]),
+        _ => {}
     }
     let rank = cfg.rank;
     let result = braid::CommunicatorBuilder::from_config(cfg).build().and_then(|comm| sweep(&comm, &args));
@@ -295,7 +297,7 @@ fn check(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
 
 /// Name of a transport code from the gather in [`sweep`] (0: no link).
 fn transport_label(code: u8) -> &'static str {
-    [TransportKind::InProcess, TransportKind::Tcp]
+    [TransportKind::InProcess, TransportKind::Tcp, TransportKind::Shm]
         .into_iter()
         .find(|k| *k as u8 + 1 == code)
         .map_or("none", |k| k.name())

@@ -108,6 +108,43 @@ fn meshes_of_1_2_3_5_exchange_between_every_pair() {
     }
 }
 
+#[test]
+fn peers_mask_links_only_the_marked_pairs() {
+    // World 4 where 0-1 and 2-3 share hosts (served by shm): tcp links only across.
+    let store = MemStore::new();
+    let across = |a: usize, b: usize| a != b && (a < 2) != (b < 2);
+    let ranks: Vec<usize> = (0..4).collect();
+    run_ranks(
+        &store,
+        &ranks,
+        |r| {
+            let mut o = opts(r, 4, "masked");
+            o.peers = Some((0..4).map(|p| across(r, p)).collect());
+            o
+        },
+        |rank, mesh| {
+            let mut links = mesh.unwrap();
+            for (j, l) in links.iter_mut().enumerate() {
+                assert_eq!(l.is_some(), across(rank, j), "rank {rank} slot {j}");
+                if let Some(l) = l {
+                    send_all(l, &message(rank, j));
+                }
+            }
+            for (j, l) in links.iter_mut().enumerate() {
+                if let Some(l) = l {
+                    assert_eq!(recv_exact(l, message(j, rank).len()), message(j, rank));
+                }
+            }
+        },
+    );
+    // A rank with nobody to link with returns at once, without waiting for anyone.
+    let mut o = opts(1, 3, "alone");
+    o.peers = Some(vec![false, false, false]);
+    assert!(connect_mesh(&o, &store).unwrap().iter().all(Option::is_none));
+    o.peers = Some(vec![true]);
+    assert!(matches!(connect_mesh(&o, &store), Err(Error::InvalidArgument(_))));
+}
+
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)

@@ -1,0 +1,199 @@
+//! Registered buffers: memory that peers on this host can map and read directly,
+//! like NCCL's `ncclMemAlloc` + `ncclCommRegister`.
+//!
+//! A [`SharedBuffer`] lives in its own segment under `/dev/shm`. When a large
+//! transfer's data lies in such a segment, the single-copy frame names the segment
+//! and offset; the receiving rank maps the segment once (cached per link) and copies
+//! or reduces straight out of the mapping — no system call per transfer, no staging.
+//! Unregistered memory still goes single-copy through `process_vm_readv`.
+
+use std::ffi::CString;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::types::Element;
+
+/// Longest segment name carried in a frame.
+pub const MAX_NAME: usize = 64;
+
+/// Live registered segments of this process: (start address, end address, name).
+/// Process-wide because any communicator may be handed any buffer.
+fn registry() -> &'static Mutex<Vec<(usize, usize, String)>> {
+    static REGISTRY: OnceLock<Mutex<Vec<(usize, usize, String)>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// The segment holding `[addr, addr + len)`, as (name, offset), if registered.
+pub fn lookup(addr: usize, len: usize) -> Option<(String, usize)> {
+    let reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+    reg.iter().find(|(s, e, _)| addr >= *s && addr + len <= *e).map(|(s, _, n)| (n.clone(), addr - s))
+}
+
+/// A buffer of `T` in shared memory that peers on this host can read directly.
+/// Dereferences to a slice; pass it to any collective.
+pub struct SharedBuffer<T: Element> {
+    ptr: *mut T,
+    len: usize,
+    bytes: usize,
+    path: CString,
+}
+
+// SAFETY: the buffer owns its mapping exclusively, like a Vec<T>.
+unsafe impl<T: Element> Send for SharedBuffer<T> {}
+// SAFETY: shared access only hands out &[T].
+unsafe impl<T: Element> Sync for SharedBuffer<T> {}
+
+impl<T: Element> SharedBuffer<T> {
+    /// A zeroed buffer of `len` elements.
+    pub fn new(len: usize) -> Result<SharedBuffer<T>> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        let name = format!(
+            "braid-reg-{}-{}-{:x}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos())
+        );
+        let path = CString::new(format!("/dev/shm/{name}")).expect("no NUL in name");
+        let io = |what: &str| Error::io(format!("{what} {}", path.to_string_lossy()), std::io::Error::last_os_error());
+        // SAFETY: plain libc calls on a path we own; every failure is checked.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600);
+            if fd < 0 {
+                return Err(io("creating"));
+            }
+            // Reserve the pages now: a full /dev/shm fails here, not with SIGBUS later.
+            let rc = libc::posix_fallocate(fd, 0, bytes as libc::off_t);
+            if rc != 0 {
+                libc::close(fd);
+                libc::unlink(path.as_ptr());
+                return Err(Error::io(
+                    format!("reserving {bytes} bytes for {}", path.to_string_lossy()),
+                    std::io::Error::from_raw_os_error(rc),
+                ));
+            }
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            );
+            libc::close(fd);
+            if p == libc::MAP_FAILED {
+                let e = io("mapping");
+                libc::unlink(path.as_ptr());
+                return Err(e);
+            }
+            registry().lock().unwrap_or_else(|e| e.into_inner()).push((p as usize, p as usize + bytes, name));
+            Ok(SharedBuffer { ptr: p as *mut T, len, bytes, path })
+        }
+    }
+}
+
+impl<T: Element> Deref for SharedBuffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: the mapping holds `len` zero-initialised (valid for Pod) elements.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<T: Element> DerefMut for SharedBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as above, and we hold the only handle.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: Element> Drop for SharedBuffer<T> {
+    fn drop(&mut self) {
+        let start = self.ptr as usize;
+        registry().lock().unwrap_or_else(|e| e.into_inner()).retain(|(s, _, _)| *s != start);
+        // SAFETY: unmapping our own mapping; peers keep theirs until they drop them.
+        unsafe {
+            libc::munmap(self.ptr as *mut libc::c_void, self.bytes);
+            libc::unlink(self.path.as_ptr());
+        }
+    }
+}
+
+/// A read-only mapping of a peer's registered segment.
+pub struct PeerSegment {
+    base: *const u8,
+    bytes: usize,
+}
+
+// SAFETY: a read-only mapping; the executor reads it only inside a rendezvous.
+unsafe impl Send for PeerSegment {}
+
+impl PeerSegment {
+    /// Map the segment `name` (as carried in a frame) read-only.
+    pub fn open(name: &str) -> std::io::Result<PeerSegment> {
+        if name.len() > MAX_NAME || name.contains('/') || !name.starts_with("braid-reg-") {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad segment name `{name}`")));
+        }
+        let path = CString::new(format!("/dev/shm/{name}")).map_err(std::io::Error::other)?;
+        // SAFETY: plain libc calls; failures checked.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) != 0 {
+                let e = std::io::Error::last_os_error();
+                libc::close(fd);
+                return Err(e);
+            }
+            let bytes = st.st_size as usize;
+            let p = libc::mmap(std::ptr::null_mut(), bytes.max(1), libc::PROT_READ, libc::MAP_SHARED, fd, 0);
+            libc::close(fd);
+            if p == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(PeerSegment { base: p as *const u8, bytes })
+        }
+    }
+
+    /// The mapped bytes `[offset, offset + len)`, if inside the segment.
+    pub fn slice(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        if offset.checked_add(len)? > self.bytes {
+            return None;
+        }
+        // SAFETY: in bounds of a live read-only mapping.
+        Some(unsafe { std::slice::from_raw_parts(self.base.add(offset), len) })
+    }
+}
+
+impl Drop for PeerSegment {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.bytes.max(1)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_memory_is_found_and_mappable_and_cleaned_up() {
+        let mut b = SharedBuffer::<f32>::new(1000).unwrap();
+        b[10] = 3.5;
+        let addr = b.as_ptr() as usize;
+        let (name, off) = lookup(addr + 40, 8).unwrap();
+        assert_eq!(off, 40);
+        assert!(lookup(addr + 3996, 8).is_none(), "range past the end is not registered");
+        let peer = PeerSegment::open(&name).unwrap();
+        assert_eq!(peer.slice(40, 4).unwrap(), &3.5f32.to_le_bytes());
+        assert!(peer.slice(3999, 8).is_none());
+        drop(b);
+        assert!(lookup(addr, 4).is_none());
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+        assert!(PeerSegment::open("../etc/passwd").is_err());
+    }
+}

@@ -1,0 +1,427 @@
+//! Which ranks share a host, found by probing rather than by hostname, and which
+//! transport each pair of ranks uses.
+//!
+//! Hostnames lie both ways: containers on one machine may have different names
+//! and a private `/dev/shm` each (then shared memory does not work between them),
+//! and two machines may share a name. What matters for the shared-memory
+//! transport is whether two ranks can open the same file in `/dev/shm`, so that
+//! is what [`discover`] tests: every rank leaves a probe file with a random token
+//! there, every rank tries to open every other rank's probe, and two ranks share
+//! a host when both succeed. Hosts are the connected components of that relation,
+//! computed from the full matrix (every rank publishes its row), so every rank
+//! arrives at the same answer.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::Store;
+use crate::error::{Error, OpContext, Result};
+use crate::transport::shm::random_u64;
+use crate::transport::TransportKind;
+
+/// Transports between processes, best first; [`choose_transports`] takes the
+/// first one allowed and able to connect a pair.
+pub const TRANSPORT_PREFERENCE: [TransportKind; 2] = [TransportKind::Shm, TransportKind::Tcp];
+
+/// The hosts of a job, as seen from one rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    /// Host index of every rank. Hosts are numbered in the order of their lowest
+    /// rank, so host 0 holds rank 0.
+    pub host_of: Vec<usize>,
+    /// The ranks of every host, ascending.
+    pub hosts: Vec<Vec<usize>>,
+    /// This rank's index among the ranks of its host.
+    pub local_rank: usize,
+    /// Number of ranks on this rank's host.
+    pub local_size: usize,
+}
+
+impl Topology {
+    /// The topology of `rank` given any host labelling of all ranks (`labels[r]`
+    /// names r's host; equal labels, same host). Hosts are renumbered by lowest rank.
+    ///
+    /// # Panics
+    /// When `rank` is not below `labels.len()`.
+    pub fn from_labels(rank: usize, labels: &[usize]) -> Topology {
+        assert!(rank < labels.len(), "rank {rank} is not below world size {}", labels.len());
+        let mut host_of = vec![usize::MAX; labels.len()];
+        let mut hosts: Vec<Vec<usize>> = Vec::new();
+        for r in 0..labels.len() {
+            if host_of[r] != usize::MAX {
+                continue;
+            }
+            let h = hosts.len();
+            let members: Vec<usize> = (r..labels.len()).filter(|&s| labels[s] == labels[r]).collect();
+            for &s in &members {
+                host_of[s] = h;
+            }
+            hosts.push(members);
+        }
+        let mine = &hosts[host_of[rank]];
+        let local_rank = mine.iter().position(|&r| r == rank).unwrap_or(0);
+        let local_size = mine.len();
+        Topology { host_of, hosts, local_rank, local_size }
+    }
+
+    /// Every one of `world` ranks on one host (threads of one process, or a test).
+    pub fn single_host(rank: usize, world: usize) -> Topology {
+        Topology::from_labels(rank, &vec![0; world])
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.host_of.len()
+    }
+
+    /// Number of hosts.
+    pub fn num_hosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Whether ranks `a` and `b` are on one host (false for ranks out of range).
+    pub fn same_host(&self, a: usize, b: usize) -> bool {
+        match (self.host_of.get(a), self.host_of.get(b)) {
+            (Some(x), Some(y)) => x == y,
+            _ => false,
+        }
+    }
+
+    /// The ranks on the host of `rank`, ascending.
+    pub fn host_ranks(&self, rank: usize) -> &[usize] {
+        &self.hosts[self.host_of[rank]]
+    }
+}
+
+/// Group ranks into hosts from a probe matrix: `reach[a][b]` says whether rank
+/// `a` could open rank `b`'s probe. Two ranks are linked when both directions
+/// succeeded; hosts are the connected components of the links. Returns each
+/// rank's host index, hosts numbered by their lowest rank. Pure: no I/O.
+pub fn group_hosts(reach: &[Vec<bool>]) -> Vec<usize> {
+    let world = reach.len();
+    let linked =
+        |a: usize, b: usize| reach[a].get(b).copied().unwrap_or(false) && reach[b].get(a).copied().unwrap_or(false);
+    let mut host_of = vec![usize::MAX; world];
+    let mut next = 0;
+    // Scanning ranks in order and flooding each new component from its lowest
+    // rank numbers the hosts by lowest rank.
+    for start in 0..world {
+        if host_of[start] != usize::MAX {
+            continue;
+        }
+        host_of[start] = next;
+        let mut stack = vec![start];
+        while let Some(a) = stack.pop() {
+            for (b, h) in host_of.iter_mut().enumerate() {
+                if *h == usize::MAX && linked(a, b) {
+                    *h = next;
+                    stack.push(b);
+                }
+            }
+        }
+        next += 1;
+    }
+    host_of
+}
+
+/// Whether `kind` can connect ranks `a` and `b` of `topo`.
+pub fn can_connect(topo: &Topology, kind: TransportKind, a: usize, b: usize) -> bool {
+    match kind {
+        TransportKind::Shm => topo.same_host(a, b),
+        TransportKind::Tcp => true,
+        // Threads of one process are set up by the communicator, not per pair.
+        TransportKind::InProcess => false,
+    }
+}
+
+/// The transport `rank` uses to each peer: the first of [`TRANSPORT_PREFERENCE`]
+/// that is in `allowed` (None: all) and can connect the pair. `None` at `rank`.
+///
+/// Fails with [`Error::Config`] naming the peers no allowed transport reaches
+/// (e.g. `BRAID_TRANSPORTS=shm` with ranks on two hosts).
+pub fn choose_transports(
+    topo: &Topology,
+    rank: usize,
+    allowed: Option<&[TransportKind]>,
+) -> Result<Vec<Option<TransportKind>>> {
+    let world = topo.world();
+    if rank >= world {
+        return Err(Error::InvalidArgument(format!("rank {rank} is not below world size {world}")));
+    }
+    let is_allowed = |k: &TransportKind| allowed.map_or(true, |list| list.contains(k));
+    let choice: Vec<Option<TransportKind>> = (0..world)
+        .map(|p| {
+            if p == rank {
+                return None;
+            }
+            TRANSPORT_PREFERENCE.iter().copied().find(|&k| is_allowed(&k) && can_connect(topo, k, rank, p))
+        })
+        .collect();
+    let unreachable: Vec<usize> = (0..world).filter(|&p| p != rank && choice[p].is_none()).collect();
+    if let Some(&first) = unreachable.first() {
+        let names: Vec<&str> = allowed.unwrap_or(&[]).iter().map(|k| k.name()).collect();
+        return Err(Error::Config(format!(
+            "rank {rank} (host {}) cannot reach rank {first} (host {}){} with the allowed transports [{}]: \
+             shm connects only ranks on one host; allow tcp too (BRAID_TRANSPORTS=shm,tcp)",
+            topo.host_of[rank],
+            topo.host_of[first],
+            if unreachable.len() > 1 { format!(" nor ranks {:?}", &unreachable[1..]) } else { String::new() },
+            names.join(","),
+        )));
+    }
+    Ok(choice)
+}
+
+/// A probe file in `/dev/shm`, removed on drop.
+struct Probe {
+    path: PathBuf,
+    token: String,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Probe {
+    fn create(rank: usize) -> Result<Probe> {
+        let token = format!("{:016x}{:016x}", random_u64(), random_u64());
+        let path = PathBuf::from(format!("/dev/shm/braid-probe-{}-{rank}-{:016x}", std::process::id(), random_u64()));
+        let what = |e, path: &Path| Error::io(format!("rank {rank}: creating topology probe {}", path.display()), e);
+        // Owner-only, like the shm segments: a rank that cannot open this could
+        // not open a segment either, so it should not count as the same host.
+        let mut f =
+            OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(|e| what(e, &path))?;
+        // From here on, an error removes the file (Probe's drop).
+        let probe = Probe { path, token };
+        f.write_all(probe.token.as_bytes()).map_err(|e| what(e, &probe.path))?;
+        Ok(probe)
+    }
+}
+
+/// Whether the probe at `path` exists here and holds `token`.
+fn probe_matches(path: &Path, token: &str) -> bool {
+    let mut got = String::new();
+    match OpenOptions::new().read(true).open(path) {
+        Ok(mut f) => f.read_to_string(&mut got).is_ok() && got == token,
+        Err(_) => false,
+    }
+}
+
+fn probe_key(prefix: &str, rank: usize) -> String {
+    format!("{prefix}/topo/probe/{rank}")
+}
+
+fn row_key(prefix: &str, rank: usize) -> String {
+    format!("{prefix}/topo/row/{rank}")
+}
+
+/// Wait until every rank's key is set; a timeout names the ranks whose key is missing.
+fn wait_ranks(
+    store: &dyn Store,
+    key: impl Fn(usize) -> String,
+    world: usize,
+    deadline: Instant,
+    rank: usize,
+    timeout: Duration,
+) -> Result<()> {
+    let keys: Vec<String> = (0..world).map(&key).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    match store.wait(&refs, deadline.saturating_duration_since(Instant::now())) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let mut waiting_on = Vec::new();
+            for (r, k) in keys.iter().enumerate() {
+                if store.get(k)?.is_none() {
+                    waiting_on.push(r);
+                }
+            }
+            if waiting_on.is_empty() {
+                return Err(e);
+            }
+            Err(Error::Timeout { ctx: OpContext { rank, call: None, seq: 0 }, timeout, waiting_on })
+        }
+    }
+}
+
+/// Find which of the `world` ranks share a host with which, by probing `/dev/shm`.
+///
+/// Every rank must call it with the same `key_prefix` (keys go under
+/// `{key_prefix}/topo/`). Fails with [`Error::Timeout`] naming the ranks that
+/// did not take part within `timeout`. The probe file is removed on every path.
+pub fn discover(rank: usize, world: usize, store: &dyn Store, key_prefix: &str, timeout: Duration) -> Result<Topology> {
+    if world == 0 || rank >= world {
+        return Err(Error::InvalidArgument(format!("rank {rank} is not below world size {world}")));
+    }
+    if world == 1 {
+        return Ok(Topology::single_host(0, 1));
+    }
+    let deadline = Instant::now() + timeout;
+    let probe = Probe::create(rank)?;
+    let path = probe.path.to_str().expect("probe paths are ASCII");
+    store.set(&probe_key(key_prefix, rank), format!("{} {path}", probe.token).as_bytes())?;
+    wait_ranks(store, |r| probe_key(key_prefix, r), world, deadline, rank, timeout)?;
+
+    let mut row = String::with_capacity(world);
+    for r in 0..world {
+        let ok = r == rank || {
+            let raw = store.get(&probe_key(key_prefix, r))?.unwrap_or_default();
+            let text = String::from_utf8_lossy(&raw);
+            match text.split_once(' ') {
+                Some((token, path)) => probe_matches(Path::new(path), token),
+                None => false,
+            }
+        };
+        row.push(if ok { '1' } else { '0' });
+    }
+    store.set(&row_key(key_prefix, rank), row.as_bytes())?;
+    // Once every row is in, every rank has finished probing: ours can go.
+    wait_ranks(store, |r| row_key(key_prefix, r), world, deadline, rank, timeout)?;
+    drop(probe);
+
+    let mut reach = Vec::with_capacity(world);
+    for r in 0..world {
+        let raw = store.get(&row_key(key_prefix, r))?.unwrap_or_default();
+        if raw.len() != world || raw.iter().any(|&c| c != b'0' && c != b'1') {
+            return Err(Error::Protocol {
+                ctx: OpContext { rank, call: None, seq: 0 },
+                peer: r,
+                detail: format!("topology row `{}` is not {world} digits 0/1", String::from_utf8_lossy(&raw)),
+            });
+        }
+        reach.push(raw.iter().map(|&c| c == b'1').collect::<Vec<bool>>());
+    }
+    let topo = Topology::from_labels(rank, &group_hosts(&reach));
+    tracing::debug!(rank, hosts = ?topo.hosts, "topology discovered");
+    Ok(topo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::MemStore;
+
+    fn matrix(world: usize, linked: &[(usize, usize)]) -> Vec<Vec<bool>> {
+        (0..world).map(|a| (0..world).map(|b| a == b || linked.contains(&(a, b))).collect()).collect()
+    }
+
+    fn sym(pairs: &[(usize, usize)]) -> Vec<(usize, usize)> {
+        pairs.iter().flat_map(|&(a, b)| [(a, b), (b, a)]).collect()
+    }
+
+    #[test]
+    fn grouping_finds_two_hosts_numbered_by_lowest_rank() {
+        // Hosts {0,2,4} and {1,3}, as ranks interleaved across two machines.
+        let reach = matrix(5, &sym(&[(0, 2), (2, 4), (0, 4), (1, 3)]));
+        assert_eq!(group_hosts(&reach), vec![0, 1, 0, 1, 0]);
+        let t = Topology::from_labels(3, &group_hosts(&reach));
+        assert_eq!(t.hosts, vec![vec![0, 2, 4], vec![1, 3]]);
+        assert_eq!((t.local_rank, t.local_size, t.num_hosts(), t.world()), (1, 2, 2, 5));
+        assert!(t.same_host(0, 4) && !t.same_host(0, 1) && !t.same_host(0, 9));
+        assert_eq!(t.host_ranks(1), &[1, 3]);
+    }
+
+    #[test]
+    fn grouping_needs_both_directions_and_is_transitive() {
+        // 0 sees 1 but not back: not linked. 1~2 and 2~3 chain into one host.
+        let mut links = sym(&[(1, 2), (2, 3)]);
+        links.push((0, 1));
+        assert_eq!(group_hosts(&matrix(4, &links)), vec![0, 1, 1, 1]);
+        assert_eq!(group_hosts(&matrix(3, &[])), vec![0, 1, 2]);
+        assert_eq!(group_hosts(&[]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn labels_are_renumbered_by_lowest_rank() {
+        let t = Topology::from_labels(2, &[7, 3, 7, 3]);
+        assert_eq!(t.host_of, vec![0, 1, 0, 1]);
+        assert_eq!((t.local_rank, t.local_size), (1, 2));
+        assert_eq!(Topology::single_host(1, 3).hosts, vec![vec![0, 1, 2]]);
+    }
+
+    #[test]
+    fn threads_of_one_process_are_one_host_and_probes_are_removed() {
+        let store = MemStore::new();
+        let topos: Vec<Topology> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|r| {
+                    let store = &store;
+                    s.spawn(move || discover(r, 4, store, "job", Duration::from_secs(20)).unwrap())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, t) in topos.iter().enumerate() {
+            assert_eq!(t.hosts, vec![vec![0, 1, 2, 3]]);
+            assert_eq!((t.local_rank, t.local_size), (r, 4));
+            let raw = store.get(&probe_key("job", r)).unwrap().unwrap();
+            let path = String::from_utf8(raw).unwrap().split_once(' ').unwrap().1.to_owned();
+            assert!(path.starts_with("/dev/shm/braid-probe-") && !Path::new(&path).exists(), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_rank_whose_probe_cannot_be_opened_is_another_host() {
+        // Rank 3 plays a rank on another machine: its probe is not in our /dev/shm,
+        // and it could open none of ours.
+        let store = MemStore::new();
+        store.set(&probe_key("x", 3), b"00112233 /dev/shm/braid-probe-elsewhere-3-0").unwrap();
+        store.set(&row_key("x", 3), b"0001").unwrap();
+        let topos: Vec<Topology> = std::thread::scope(|s| {
+            let store = &store;
+            let hs: Vec<_> =
+                (0..3).map(|r| s.spawn(move || discover(r, 4, store, "x", Duration::from_secs(20)).unwrap())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for t in &topos {
+            assert_eq!(t.host_of, vec![0, 0, 0, 1]);
+            assert_eq!(t.local_size, 3);
+        }
+        assert_eq!(store.get(&row_key("x", 1)).unwrap().unwrap(), b"1110");
+    }
+
+    #[test]
+    fn discover_times_out_naming_absent_ranks_and_cleans_up() {
+        let store = MemStore::new();
+        match discover(0, 3, &store, "late", Duration::from_millis(100)).unwrap_err() {
+            Error::Timeout { waiting_on, .. } => assert_eq!(waiting_on, vec![1, 2]),
+            other => panic!("expected a timeout, got {other}"),
+        }
+        let raw = store.get(&probe_key("late", 0)).unwrap().unwrap();
+        let path = String::from_utf8(raw).unwrap().split_once(' ').unwrap().1.to_owned();
+        assert!(!Path::new(&path).exists(), "{path} left behind");
+        assert!(matches!(discover(3, 3, &store, "late", Duration::ZERO), Err(Error::InvalidArgument(_))));
+        assert_eq!(discover(0, 1, &store, "solo", Duration::ZERO).unwrap().local_size, 1);
+    }
+
+    #[test]
+    fn transports_prefer_shm_on_one_host_and_tcp_across() {
+        use TransportKind::{Shm, Tcp};
+        let t = Topology::from_labels(0, &[0, 0, 1, 1]);
+        assert_eq!(choose_transports(&t, 0, None).unwrap(), vec![None, Some(Shm), Some(Tcp), Some(Tcp)]);
+        assert_eq!(choose_transports(&t, 3, Some(&[Tcp, Shm])).unwrap(), vec![Some(Tcp), Some(Tcp), Some(Shm), None]);
+        assert_eq!(choose_transports(&t, 1, Some(&[Tcp])).unwrap(), vec![Some(Tcp), None, Some(Tcp), Some(Tcp)]);
+        assert_eq!(Topology::single_host(0, 2).world(), 2);
+        assert_eq!(choose_transports(&Topology::single_host(1, 2), 1, Some(&[Shm])).unwrap(), vec![Some(Shm), None]);
+        assert!(matches!(choose_transports(&t, 4, None), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn a_peer_no_allowed_transport_reaches_is_a_config_error() {
+        use TransportKind::{InProcess, Shm};
+        let t = Topology::from_labels(1, &[0, 0, 1, 1]);
+        let err = choose_transports(&t, 1, Some(&[Shm])).unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("rank 1") && msg.contains("rank 2") && msg.contains("[3]") && msg.contains("[shm]"),
+            "{msg}"
+        );
+        let err = choose_transports(&t, 0, Some(&[InProcess])).unwrap_err().to_string();
+        assert!(err.contains("cannot reach rank 1") && err.contains("[inproc]"), "{err}");
+    }
+}

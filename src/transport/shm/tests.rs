@@ -1,0 +1,343 @@
+//! Tests of shared-memory links. Threads as ranks (a `MemStore`) where one process
+//! is enough; real child processes (this test binary run again with a role in
+//! the environment, meeting the parent in a `FileStore`) where a second address
+//! space or a dying process is the point. Every test uses its own store, so
+//! segment names and keys never collide between tests running in parallel.
+
+use super::*;
+use crate::bootstrap::{FileStore, MemStore};
+use std::process::{Child, Command, Stdio};
+
+const ROLE_ENV: &str = "BRAID_SHM_TEST_ROLE";
+const STORE_ENV: &str = "BRAID_SHM_TEST_STORE";
+const CHILD_TEST: &str = "transport::shm::tests::child_role";
+const BIG: usize = 64 << 20;
+
+fn opts(rank: usize, world: usize) -> ShmOptions {
+    let mut o = ShmOptions::new(rank, world, "t");
+    o.timeout = Duration::from_secs(30);
+    o
+}
+
+/// Byte `i` of the stream rank `from` sends: not periodic in any ring size.
+fn pattern(from: usize, i: usize) -> u8 {
+    ((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ (from as u8) ^ (i >> 20) as u8
+}
+
+fn stream(from: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| pattern(from, i)).collect()
+}
+
+/// Send all of `out` while receiving `expect_len` bytes, on one thread (both
+/// directions at once, so two ranks doing this cannot deadlock on full rings).
+fn exchange(link: &mut ShmLink, out: &[u8], expect_len: usize) -> Vec<u8> {
+    let mut got = vec![0u8; expect_len];
+    let (mut sent, mut recvd) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sent < out.len() || recvd < expect_len {
+        let mut moved = 0;
+        if sent < out.len() {
+            let n = link.try_write(&[&out[sent..(sent + (1 << 20)).min(out.len())]]).unwrap();
+            sent += n;
+            moved += n;
+        }
+        if recvd < expect_len {
+            let n = link.try_read(&mut got[recvd..]).unwrap();
+            recvd += n;
+            moved += n;
+        }
+        if moved == 0 {
+            assert!(Instant::now() < deadline, "exchange stalled at sent {sent}, received {recvd}");
+            std::thread::yield_now();
+        }
+    }
+    got
+}
+
+/// Read until the link reports an error; returns the bytes and the error.
+fn read_to_error(link: &mut ShmLink, within: Duration) -> (Vec<u8>, io::Error) {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match link.try_read(&mut buf) {
+            Ok(0) => {
+                assert!(Instant::now() < deadline, "no error within {within:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => return (got, e),
+        }
+    }
+}
+
+fn wait_key(store: &dyn Store, key: &str) -> Vec<u8> {
+    store.wait_get(key, Duration::from_secs(30)).unwrap()
+}
+
+/// A child process running `child_role` as rank 1 of 2, killed and reaped on drop.
+struct ChildRank {
+    child: Child,
+    dir: PathBuf,
+    store: FileStore,
+}
+
+impl ChildRank {
+    fn spawn(role: &str) -> ChildRank {
+        let dir = std::env::temp_dir().join(format!("braid-shm-test-{}-{:016x}", std::process::id(), random_u64()));
+        let store = FileStore::open(&dir).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", CHILD_TEST, "--ignored", "--nocapture", "--test-threads=1", "-q"])
+            .env(ROLE_ENV, role)
+            .env(STORE_ENV, &dir)
+            // The harness's chatter is noise; a failing child still reports on stderr.
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        ChildRank { child, dir, store }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Rank 0's side of the mesh, plus the name the segment had.
+    fn connect(&self) -> (ShmLink, PathBuf) {
+        let mut links = connect_shm(&opts(0, 2), &self.store).unwrap();
+        let name = self.store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
+        (links[1].take().unwrap(), PathBuf::from(String::from_utf8(name).unwrap()))
+    }
+
+    fn expect_success(mut self) {
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "child rank failed: {status}");
+    }
+}
+
+impl Drop for ChildRank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The child side of the multi-process tests; does nothing unless spawned by one.
+#[test]
+#[ignore = "child role of the multi-process shm tests; they run it themselves"]
+fn child_role() {
+    let Ok(role) = std::env::var(ROLE_ENV) else { return };
+    let store = FileStore::open(std::env::var(STORE_ENV).unwrap()).unwrap();
+    let mut links = connect_shm(&opts(1, 2), &store).unwrap();
+    let mut link = links[0].take().unwrap();
+    assert_eq!(link.peer_pid() as u32, std::os::unix::process::parent_id());
+    match role.as_str() {
+        "exchange" => {
+            let out = stream(1, BIG);
+            store.set("child/buf", format!("{}", out.as_ptr() as usize).as_bytes()).unwrap();
+            let got = exchange(&mut link, &out, BIG);
+            assert!(got == stream(0, BIG), "child received wrong bytes");
+            // Single copy: read the parent's send buffer straight out of its memory.
+            if link.can_read_peer() {
+                let addr: usize = String::from_utf8(wait_key(&store, "parent/buf")).unwrap().parse().unwrap();
+                let mut dst = vec![0u8; BIG];
+                link.read_peer(addr, &mut dst).unwrap();
+                assert!(dst == stream(0, BIG), "read_peer returned wrong bytes");
+            }
+            store.set("child/done", b"1").unwrap();
+            wait_key(&store, "parent/done");
+            link.close();
+        }
+        "sleep" => std::thread::sleep(Duration::from_secs(60)),
+        "close" => {
+            let mut off = 0;
+            let out = stream(1, 3 << 20);
+            while off < out.len() {
+                off += link.try_write(&[&out[off..]]).unwrap();
+            }
+            link.close();
+            // Stay alive: the parent must see end-of-stream from the flag, not from our death.
+            wait_key(&store, "parent/done");
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn two_processes_exchange_64_mib_both_ways_and_read_peer_memory() {
+    let child = ChildRank::spawn("exchange");
+    let (mut link, name) = child.connect();
+    assert!(!name.exists(), "segment {} still in /dev/shm after setup", name.display());
+    assert_eq!(link.peer(), 1);
+    assert_eq!(link.kind(), TransportKind::Shm);
+    assert_eq!(link.peer_pid(), child.pid());
+    assert!(link.poll_fd().is_none());
+
+    let out = stream(0, BIG);
+    child.store.set("parent/buf", format!("{}", out.as_ptr() as usize).as_bytes()).unwrap();
+    let got = exchange(&mut link, &out, BIG);
+    assert!(got == stream(1, BIG), "parent received wrong bytes");
+
+    // The probe must tell the truth: compare with a raw CMA read of the child.
+    let addr: usize = String::from_utf8(wait_key(&child.store, "child/buf")).unwrap().parse().unwrap();
+    let mut raw = vec![0u8; 1 << 20];
+    let direct = vm_read(child.pid(), addr, &mut raw);
+    assert_eq!(link.can_read_peer(), direct.is_ok(), "probe disagrees with a direct read: {direct:?}");
+    assert!(link.can_read_peer(), "CMA unavailable here (running as root, so expected): {direct:?}");
+    let mut part = vec![0u8; (1 << 20) + 123];
+    link.read_peer(addr + 77, &mut part).unwrap();
+    assert!(part.iter().enumerate().all(|(i, &b)| b == pattern(1, i + 77)));
+    // A bad address is an error, not a panic.
+    assert!(link.read_peer(8, &mut part).is_err());
+
+    wait_key(&child.store, "child/done");
+    child.store.set("parent/done", b"1").unwrap();
+    let (rest, e) = read_to_error(&mut link, Duration::from_secs(30));
+    assert!(rest.is_empty());
+    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    child.expect_success();
+}
+
+#[test]
+fn killed_peer_process_is_eof_within_a_second() {
+    let mut child = ChildRank::spawn("sleep");
+    let (mut link, _) = child.connect();
+    assert_eq!(link.try_read(&mut [0u8; 16]).unwrap(), 0);
+    child.child.kill().unwrap();
+    let killed = Instant::now();
+    let (got, e) = read_to_error(&mut link, Duration::from_secs(5));
+    assert!(got.is_empty());
+    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    assert!(killed.elapsed() < Duration::from_secs(1), "took {:?}", killed.elapsed());
+    assert!(e.to_string().contains("rank 1"), "{e}");
+
+    // Writing: the ring fills (nobody reads), then the liveness check fails the write.
+    let chunk = vec![7u8; 1 << 20];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let e = loop {
+        match link.try_write(&[&chunk]) {
+            Ok(_) => assert!(Instant::now() < deadline, "writes to a dead peer never failed"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+}
+
+#[test]
+fn orderly_close_is_eof_after_the_data() {
+    let child = ChildRank::spawn("close");
+    let (mut link, _) = child.connect();
+    let (got, e) = read_to_error(&mut link, Duration::from_secs(30));
+    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    assert!(e.to_string().contains("closed"), "EOF must come from the close flag, not a death: {e}");
+    assert!(got == stream(1, 3 << 20), "wrong bytes before EOF ({} bytes)", got.len());
+    child.store.set("parent/done", b"1").unwrap();
+    child.expect_success();
+}
+
+/// Run `connect_shm` for every rank in `ranks` on its own thread over one `MemStore`.
+fn thread_ranks(
+    store: &MemStore,
+    ranks: &[usize],
+    make: impl Fn(usize) -> ShmOptions + Sync,
+) -> Vec<Result<Vec<Option<ShmLink>>>> {
+    std::thread::scope(|s| {
+        let make = &make;
+        let hs: Vec<_> = ranks.iter().map(|&r| s.spawn(move || connect_shm(&make(r), store as &dyn Store))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn thread_ranks_link_only_the_marked_pairs() {
+    let store = MemStore::new();
+    // World 4: pairs 0-2, 1-3 and 2-3; rank 1 and 0 never meet.
+    let pairs = [(0, 2), (1, 3), (2, 3)];
+    let linked = |a: usize, b: usize| pairs.contains(&(a.min(b), a.max(b)));
+    let meshes = thread_ranks(&store, &[0, 1, 2, 3], |r| {
+        let mut o = opts(r, 4);
+        o.peers = (0..4).map(|p| linked(r, p)).collect();
+        o.ring_bytes = 1000;
+        o
+    });
+    let mut meshes: Vec<Vec<Option<ShmLink>>> = meshes.into_iter().map(|m| m.unwrap()).collect();
+    for (r, mesh) in meshes.iter().enumerate() {
+        for (p, l) in mesh.iter().enumerate() {
+            assert_eq!(l.is_some(), r != p && linked(r, p), "rank {r} peer {p}");
+        }
+    }
+    for &(a, b) in &pairs {
+        let name = store.get(&segment_key("t", a, b)).unwrap().unwrap();
+        assert!(!Path::new(&String::from_utf8(name).unwrap()).exists());
+    }
+    // 0 -> 2 across a 1000-byte ring (wraps many times), checked byte for byte.
+    let mut l02 = meshes[0][2].take().unwrap();
+    let mut l20 = meshes[2][0].take().unwrap();
+    assert!(l02.can_read_peer() && l20.can_read_peer(), "same-process CMA must work");
+    let data = stream(0, 100_000);
+    let got = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut off = 0;
+            while off < data.len() {
+                off += l02.try_write(&[&data[off..(off + 777).min(data.len())]]).unwrap();
+            }
+            l02.close();
+        });
+        read_to_error(&mut l20, Duration::from_secs(30))
+    });
+    assert_eq!(got.1.kind(), io::ErrorKind::UnexpectedEof);
+    assert!(got.0 == data);
+    // Dropping an end tells the other: writes fail with BrokenPipe.
+    let mut l32 = meshes[3][2].take().unwrap();
+    drop(meshes[2][3].take());
+    assert_eq!(l32.try_write(&[b"x"]).unwrap_err().kind(), io::ErrorKind::BrokenPipe);
+    let mut dst = [0u8; 16];
+    assert!(l32.read_peer(usize::MAX - 4, &mut dst).is_err());
+}
+
+#[test]
+fn creator_removes_its_segment_when_the_peer_never_comes() {
+    let store = MemStore::new();
+    let mut o = opts(0, 2);
+    o.timeout = Duration::from_millis(200);
+    let err = connect_shm(&o, &store).err().expect("rank 1 never attaches");
+    match err {
+        Error::Timeout { waiting_on, ctx, .. } => {
+            assert_eq!(waiting_on, vec![1]);
+            assert_eq!(ctx.rank, 0);
+        }
+        other => panic!("expected a timeout, got {other}"),
+    }
+    let name = String::from_utf8(store.get(&segment_key("t", 0, 1)).unwrap().unwrap()).unwrap();
+    assert!(name.starts_with("/dev/shm/braid-"), "{name}");
+    assert!(!Path::new(&name).exists(), "{name} left behind");
+}
+
+#[test]
+fn attacher_times_out_naming_the_missing_lower_rank() {
+    let store = MemStore::new();
+    let mut o = opts(2, 3);
+    o.peers = vec![true, false, true];
+    o.timeout = Duration::from_millis(100);
+    match connect_shm(&o, &store).err().expect("rank 0 never publishes") {
+        Error::Timeout { waiting_on, .. } => assert_eq!(waiting_on, vec![0]),
+        other => panic!("expected a timeout, got {other}"),
+    }
+}
+
+#[test]
+fn bad_segment_names_and_options_are_refused() {
+    let store = MemStore::new();
+    store.set(&segment_key("t", 0, 1), b"/etc/passwd").unwrap();
+    let err = connect_shm(&opts(1, 2), &store).err().unwrap().to_string();
+    assert!(err.contains("rank 0") && err.contains("/dev/shm"), "{err}");
+    store.set(&segment_key("t", 0, 1), b"/dev/shm/../etc/passwd").unwrap();
+    assert!(matches!(connect_shm(&opts(1, 2), &store), Err(Error::Protocol { peer: 0, .. })));
+    let mut o = opts(0, 2);
+    o.peers = vec![true];
+    assert!(matches!(connect_shm(&o, &store), Err(Error::InvalidArgument(_))));
+    assert!(matches!(connect_shm(&opts(2, 2), &store), Err(Error::InvalidArgument(_))));
+    // Nobody to link with: nothing to wait for.
+    let links = connect_shm(&opts(0, 1), &store).unwrap();
+    assert!(links.len() == 1 && links[0].is_none());
+}
