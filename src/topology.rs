@@ -151,7 +151,7 @@ pub fn choose_transports(
     if rank >= world {
         return Err(Error::InvalidArgument(format!("rank {rank} is not below world size {world}")));
     }
-    let is_allowed = |k: &TransportKind| allowed.map_or(true, |list| list.contains(k));
+    let is_allowed = |k: &TransportKind| allowed.is_none_or(|list| list.contains(k));
     let choice: Vec<Option<TransportKind>> = (0..world)
         .map(|p| {
             if p == rank {
