@@ -179,7 +179,8 @@ type Job = Box<dyn FnOnce() + Send>;
 struct Shared {
     engine: Mutex<Engine>,
     next_ticket: AtomicU64,
-    serving: Mutex<u64>,
+    /// (ticket now being served, threads waiting for their turn).
+    serving: Mutex<(u64, usize)>,
     turn: Condvar,
 }
 
@@ -193,16 +194,25 @@ impl Shared {
     /// for it forever.
     fn in_turn<R>(&self, ticket: u64, f: impl FnOnce(&mut Engine) -> R) -> R {
         let mut serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
-        while *serving != ticket {
+        while serving.0 != ticket {
+            serving.1 += 1;
             serving = self.turn.wait(serving).unwrap_or_else(|e| e.into_inner());
+            serving.1 -= 1;
         }
         drop(serving);
         let r = {
             let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
             f(&mut engine)
         };
-        *self.serving.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.turn.notify_all();
+        let waiting = {
+            let mut serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+            serving.0 += 1;
+            serving.1
+        };
+        // Waking costs a system call: only when a thread waits for its turn.
+        if waiting > 0 {
+            self.turn.notify_all();
+        }
         r
     }
 }
@@ -402,6 +412,11 @@ impl CommunicatorBuilder {
         self.config.algorithm = a;
         self
     }
+    /// Restrict the transports peers may use (e.g. `[TransportKind::Tcp]`).
+    pub fn transports(mut self, allowed: Vec<TransportKind>) -> Self {
+        self.config.transports = Some(allowed);
+        self
+    }
     /// TCP interface filter (NCCL syntax).
     pub fn socket_ifname(mut self, spec: impl Into<String>) -> Self {
         self.config.socket_ifname = Some(spec.into());
@@ -535,7 +550,7 @@ impl Communicator {
         let shared = Shared {
             engine: Mutex::new(engine),
             next_ticket: AtomicU64::new(0),
-            serving: Mutex::new(0),
+            serving: Mutex::new((0, 0)),
             turn: Condvar::new(),
         };
         Communicator { core: Arc::new(Core { rank, world, shared }), transports, worker: Mutex::new(None) }

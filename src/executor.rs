@@ -363,6 +363,18 @@ fn describe(data: *const u8, len: usize) -> ([u8; DESC_MAX], usize) {
     (d, DESC_FIXED + name.len())
 }
 
+/// The single-copy threshold: [`RENDEZVOUS_BYTES`], or `BRAID_RENDEZVOUS_BYTES`
+/// (every rank must agree; a disagreement is a protocol error, not corruption).
+fn rendezvous_bytes() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("BRAID_RENDEZVOUS_BYTES")
+            .ok()
+            .and_then(|v| crate::config::parse_size(&v).ok())
+            .unwrap_or(RENDEZVOUS_BYTES)
+    })
+}
+
 /// Whether transfers with `peer` may go single-copy; an error if there is no link.
 fn link_rendezvous(channels: &[Option<Channel>], peer: usize, call: &CallInfo) -> Result<bool> {
     match channels.get(peer) {
@@ -376,7 +388,7 @@ fn link_rendezvous(channels: &[Option<Channel>], peer: usize, call: &CallInfo) -
 /// link's rendezvous ability, which both ends share. A zero-length transfer is one
 /// empty frame (barrier messages).
 fn frames(rendezvous: bool, len: usize) -> impl Iterator<Item = (usize, usize, bool)> {
-    let single = rendezvous && len >= RENDEZVOUS_BYTES;
+    let single = rendezvous && len >= rendezvous_bytes();
     let n = if single { 1 } else { len.div_ceil(SEGMENT_BYTES).max(1) };
     let step = if single { len } else { SEGMENT_BYTES };
     (0..n).map(move |i| (i * step, (len - i * step).min(step.max(1)), single))
@@ -461,7 +473,9 @@ fn run_transfers(
         if !block_on_fds(channels, outq, inq, left.min(Duration::from_millis(100))) {
             // No descriptors to poll (memory links): yield for a while — cheap when
             // ranks outnumber cores, since a peer is likely runnable — then back off.
-            if idle < call.wait.spin + YIELD_PHASE {
+            // Oversubscribed, a peer needing this core is likely runnable: keep
+            // yielding to it (as Open MPI does) rather than sleeping past its reply.
+            if call.wait.yield_while_spinning || idle < call.wait.spin + YIELD_PHASE {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(sleep.min(left));

@@ -155,3 +155,27 @@ fn perf_writes_json_lines() {
     assert_eq!(rows[1]["wrong"], 0);
     let _ = std::fs::remove_file(&dir);
 }
+
+#[test]
+fn perf_checks_every_collective_over_shared_memory_for_world_sizes_1_to_8() {
+    for ranks in 1..=8 {
+        for op in ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier"] {
+            let oop = ranks % 3 == 0;
+            let mut cmd = Command::new(BRAID);
+            cmd.args(["perf", "--op", op, "--ranks", &ranks.to_string(), "--transport", "shm"])
+                .args(["--min-bytes", "1K", "--max-bytes", "2M", "--factor", "45", "--iters", "2", "--warmup", "1"])
+                .args(["--check", "--dtype", "i32", "--reduce-op", "max", "--root", &(ranks / 2).to_string()])
+                .args(oop.then_some("--out-of-place"));
+            let out = cmd.output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{op} n={ranks}: {text}\n{err}");
+            assert!(text.contains("# Out of bounds values : 0 OK"), "{op} n={ranks}: {text}");
+            // Every peer of every rank is reached through shared memory.
+            for r in 0..ranks {
+                let line = text.lines().find(|l| l.starts_with(&format!("# rank {r}: "))).unwrap();
+                assert!(ranks == 1 || line.split(' ').skip(3).all(|p| p.ends_with("=shm")), "{line}");
+            }
+        }
+    }
+}

@@ -273,4 +273,15 @@ grid_tests! {
     tcp_w4_large: Net::Tcp, 4, true;
     tcp_w7_large: Net::Tcp, 7, true;
     tcp_w8_large: Net::Tcp, 8, true;
+    shm_w1_small: Net::Shm, 1, false;
+    shm_w2_small: Net::Shm, 2, false;
+    shm_w3_small: Net::Shm, 3, false;
+    shm_w4_small: Net::Shm, 4, false;
+    shm_w7_small: Net::Shm, 7, false;
+    shm_w8_small: Net::Shm, 8, false;
+    shm_w2_large: Net::Shm, 2, true;
+    shm_w3_large: Net::Shm, 3, true;
+    shm_w4_large: Net::Shm, 4, true;
+    shm_w7_large: Net::Shm, 7, true;
+    shm_w8_large: Net::Shm, 8, true;
 }

@@ -35,6 +35,11 @@ fn mismatched_collectives_fail_on_both_ranks_naming_both_calls_tcp() {
 }
 
 #[test]
+fn mismatched_collectives_fail_on_both_ranks_naming_both_calls_shm() {
+    mismatch(Net::Shm);
+}
+
+#[test]
 fn mismatched_counts_are_reported_not_corrupted() {
     let results = on_ranks(comms(Net::Tcp, 3, Duration::from_secs(20)), |c| {
         let mut buf = vec![1i32; if c.rank() == 2 { 64 } else { 65 }];

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid::bootstrap::MemStore;
+use braid::transport::TransportKind;
 use braid::{Communicator, Config};
 
 /// Which links the rank threads use.
@@ -15,6 +16,9 @@ pub enum Net {
     InProc,
     /// TCP sockets on the loopback interface.
     Tcp,
+    /// Shared-memory segments (the ranks are threads, the links are the ones
+    /// processes use).
+    Shm,
 }
 
 /// Build `world` communicators over `net`.
@@ -25,7 +29,8 @@ pub fn comms(net: Net, world: usize, timeout: Duration) -> Vec<Communicator> {
             cfg.timeout = timeout;
             Communicator::in_process_with(cfg).expect("in-process communicators")
         }
-        Net::Tcp => {
+        Net::Tcp | Net::Shm => {
+            let kind = if matches!(net, Net::Tcp) { TransportKind::Tcp } else { TransportKind::Shm };
             let store: Arc<dyn braid::bootstrap::Store> = Arc::new(MemStore::new());
             let handles: Vec<_> = (0..world)
                 .map(|rank| {
@@ -34,6 +39,7 @@ pub fn comms(net: Net, world: usize, timeout: Duration) -> Vec<Communicator> {
                         Communicator::builder(rank, world)
                             .store(store)
                             .socket_ifname("lo")
+                            .transports(vec![kind])
                             .timeout(timeout)
                             .build()
                             .expect("tcp communicator")
