@@ -146,7 +146,8 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                // Pre-fault: a ring touched page by page would take a fault per 4 KiB on first use.
+                libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 0,
             )

@@ -54,6 +54,10 @@ pub struct PerfArgs {
     /// Separate input and output buffers (default: in place).
     #[arg(long)]
     pub out_of_place: bool,
+    /// Allocate the buffers as registered shared memory (`braid::registered`), so
+    /// peers on the host read them without a system call.
+    #[arg(long)]
+    pub registered: bool,
     /// Compare every element of the result; exit non-zero if any is wrong.
     #[arg(long)]
     pub check: bool,
@@ -225,14 +229,22 @@ fn count_wrong(dt: DType, buf: &[u8], want: impl Fn(usize, &mut [u8])) -> u64 {
 }
 
 /// One size of the sweep: buffers, how to run the op, how to check it.
+type Buf = Box<dyn std::ops::DerefMut<Target = [u8]> + Send>;
+
 struct Case {
     sig: CallSig,
     bytes: usize,
-    input: Vec<u8>,
-    output: Vec<u8>,
+    input: Buf,
+    output: Buf,
+    /// The filled input, copied in before every iteration (a memcpy, not a re-encode).
+    pristine: Vec<u8>,
 }
 
-fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> Case {
+fn alloc(a: &PerfArgs, len: usize) -> braid::Result<Buf> {
+    Ok(if a.registered { Box::new(braid::registered::SharedBuffer::<u8>::new(len)?) } else { Box::new(vec![0u8; len]) })
+}
+
+fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> braid::Result<Case> {
     let (n, r, dt, esz) = (comm.world_size(), comm.rank(), a.dtype, a.dtype.size());
     let count = match a.op {
         OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => size / (n * esz),
@@ -250,14 +262,23 @@ fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> Case {
         _ => (count * esz, count * esz, count * esz),
     };
     let _ = r;
-    Case { sig, bytes, input: vec![0u8; in_len], output: vec![0u8; out_len] }
+    let mut c = Case { sig, bytes, input: alloc(a, in_len)?, output: alloc(a, out_len)?, pristine: Vec::new() };
+    let mut p = vec![0u8; if a.out_of_place { in_len } else { out_len }];
+    fill_inputs(comm, a, &c, &mut p);
+    c.pristine = p;
+    Ok(c)
 }
 
 /// Refill the inputs (untimed) so every iteration reduces the same values.
-fn prepare(comm: &Communicator, a: &PerfArgs, c: &mut Case) {
+fn prepare(a: &PerfArgs, c: &mut Case) {
+    let target = if a.out_of_place { &mut c.input } else { &mut c.output };
+    target.copy_from_slice(&c.pristine);
+}
+
+/// This rank's input values for the case, written into `target`.
+fn fill_inputs(comm: &Communicator, a: &PerfArgs, c: &Case, target: &mut [u8]) {
     let (r, dt, rop) = (comm.rank(), a.dtype, a.reduce_op);
     let count = c.sig.count as usize;
-    let target = if a.out_of_place { &mut c.input } else { &mut c.output };
     match a.op {
         OpKind::AllToAll => fill(dt, target, |k| ((r * 3 + k / count.max(1) + k % count.max(1)) % 5 + 1) as i64),
         OpKind::Broadcast => fill(dt, target, |i| if r == a.root { value(rop, a.root, i) } else { 0 }),
@@ -392,7 +413,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     let mut busbw_sum = 0.0;
     let mut sizes_done = 0;
     for size in sizes(a) {
-        let mut c = case(comm, a, size);
+        let mut c = case(comm, a, size)?;
         if c.sig.count == 0 && a.op != OpKind::Barrier {
             continue;
         }
@@ -409,7 +430,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         let algo = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
         let mut times = Vec::with_capacity(iters);
         for it in 0..a.warmup + iters {
-            prepare(comm, a, &mut c);
+            prepare(a, &mut c);
             comm.barrier()?;
             let t0 = Instant::now();
             if a.out_of_place {
