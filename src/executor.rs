@@ -33,7 +33,7 @@ pub const SEGMENT_BYTES: usize = 1 << 20;
 /// Incoming data is reduced in grains of this size as soon as it has arrived.
 const REDUCE_GRAIN: usize = 64 << 10;
 /// Transfers at least this long go single-copy on links that can read peer memory.
-pub const RENDEZVOUS_BYTES: usize = 16 << 10;
+pub const RENDEZVOUS_BYTES: usize = 128 << 10;
 /// Single-copy reductions read the peer's data in chunks of this size, so the
 /// chunk is still in cache when it is reduced.
 const PEER_CHUNK: usize = 64 << 10;
