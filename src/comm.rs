@@ -377,6 +377,9 @@ impl Core {
 /// peers learn why from an abort frame instead of waiting for a deadline.
 pub struct Communicator {
     core: Arc<Core>,
+    /// The rendezvous store, kept for the communicator's life: when this rank
+    /// hosts it, dropping it would stop the server under ranks still setting up.
+    _store: Option<Arc<dyn Store>>,
     transports: Vec<Option<TransportKind>>,
     worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
 }
@@ -439,7 +442,7 @@ impl CommunicatorBuilder {
         };
         let prefix = "braid/comm0".to_string();
         let comm_id = fnv32(prefix.as_bytes());
-        let scoped = PrefixStore::new(prefix, store);
+        let scoped = PrefixStore::new(prefix, store.clone());
         // Which peers share this host is probed, not guessed; each peer then gets
         // the first allowed transport that can reach it (shared memory, then TCP).
         let topo = topology::discover(cfg.rank, cfg.world_size, &scoped, "topo", cfg.timeout)?;
@@ -471,7 +474,9 @@ impl CommunicatorBuilder {
             }
         }
         let wait = WaitPolicy::for_ranks(topo.local_size);
-        Ok(Communicator::from_links(cfg.rank, cfg.world_size, links, comm_id, &cfg, wait))
+        let mut comm = Communicator::from_links(cfg.rank, cfg.world_size, links, comm_id, &cfg, wait);
+        comm._store = Some(store);
+        Ok(comm)
     }
 }
 
@@ -553,7 +558,12 @@ impl Communicator {
             serving: Mutex::new((0, 0)),
             turn: Condvar::new(),
         };
-        Communicator { core: Arc::new(Core { rank, world, shared }), transports, worker: Mutex::new(None) }
+        Communicator {
+            core: Arc::new(Core { rank, world, shared }),
+            _store: None,
+            transports,
+            worker: Mutex::new(None),
+        }
     }
 
     /// This rank, `0..world_size()`.

@@ -179,3 +179,33 @@ fn perf_checks_every_collective_over_shared_memory_for_world_sizes_1_to_8() {
         }
     }
 }
+
+#[test]
+fn rank_zero_hosting_the_store_keeps_it_up_for_slower_ranks() {
+    // Rank 0 hosts the store when nothing listens at BRAID_STORE. It used to stop
+    // serving as soon as its own setup finished, failing ranks still setting up.
+    for attempt in 0..20 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let store = format!("tcp://127.0.0.1:{port}");
+        let mut kids: Vec<_> = (0..4)
+            .map(|rank| {
+                Command::new(BRAID)
+                    .args(["perf", "--op", "all-gather", "--min-bytes", "1K", "--max-bytes", "1K", "--iters", "2"])
+                    .args(["--check"])
+                    .env("BRAID_RANK", rank.to_string())
+                    .env("BRAID_WORLD_SIZE", "4")
+                    .env("BRAID_STORE", &store)
+                    .env("BRAID_TRANSPORTS", "tcp")
+                    .env("BRAID_TIMEOUT", "20")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for (rank, k) in kids.iter_mut().enumerate() {
+            let status = k.wait().unwrap();
+            assert!(status.success(), "attempt {attempt}, rank {rank}: {}", stderr_of(k));
+        }
+    }
+}
