@@ -23,9 +23,12 @@ use crate::algorithm::{BufId, Region, Schedule, Step};
 use crate::error::{Error, OpContext, Result};
 use crate::frame::{FrameKind, Header, HEADER_LEN};
 use crate::reduce;
-use crate::registered::{self, PeerSegment};
+use crate::registered::PeerSegment;
+
+mod single_copy;
 use crate::transport::Link;
 use crate::types::{CallSig, DType, ReduceOp};
+use single_copy::{describe, pull_from_peer, rendezvous_bytes, DESC_FIXED, DESC_MAX};
 
 /// Largest payload of one frame. Long transfers are cut into segments of this size
 /// so a receiver can reduce one while the next is in flight.
@@ -34,16 +37,9 @@ pub const SEGMENT_BYTES: usize = 1 << 20;
 const REDUCE_GRAIN: usize = 64 << 10;
 /// Transfers at least this long go single-copy on links that can read peer memory.
 pub const RENDEZVOUS_BYTES: usize = 128 << 10;
-/// Single-copy reductions read the peer's data in chunks of this size, so the
-/// chunk is still in cache when it is reduced.
-const PEER_CHUNK: usize = 64 << 10;
 /// After spinning, links without a descriptor to poll keep yielding this long
 /// before they start to sleep.
 const YIELD_PHASE: Duration = Duration::from_millis(2);
-/// Rendezvous payload: address u64, length u64, offset in a registered segment
-/// u64, name length u8, then the segment's name (empty: not registered).
-const DESC_FIXED: usize = 25;
-const DESC_MAX: usize = DESC_FIXED + registered::MAX_NAME;
 /// Longest an abort message may be.
 const MAX_REASON: usize = 64 << 10;
 
@@ -348,31 +344,6 @@ impl InMsg {
     fn new(dst: *mut u8, src: Option<*const u8>, len: usize) -> InMsg {
         InMsg { len, dst, src, got: 0, reduced: 0, started: false, desc: [0; DESC_MAX], desc_got: 0 }
     }
-}
-
-/// The rendezvous payload for `len` bytes at `data`, naming the registered segment
-/// that holds them, if any.
-fn describe(data: *const u8, len: usize) -> ([u8; DESC_MAX], usize) {
-    let mut d = [0u8; DESC_MAX];
-    d[..8].copy_from_slice(&(data as u64).to_le_bytes());
-    d[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-    let Some((name, offset)) = registered::lookup(data as usize, len) else { return (d, DESC_FIXED) };
-    d[16..24].copy_from_slice(&(offset as u64).to_le_bytes());
-    d[24] = name.len() as u8;
-    d[DESC_FIXED..DESC_FIXED + name.len()].copy_from_slice(name.as_bytes());
-    (d, DESC_FIXED + name.len())
-}
-
-/// The single-copy threshold: [`RENDEZVOUS_BYTES`], or `BRAID_RENDEZVOUS_BYTES`
-/// (every rank must agree; a disagreement is a protocol error, not corruption).
-fn rendezvous_bytes() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("BRAID_RENDEZVOUS_BYTES")
-            .ok()
-            .and_then(|v| crate::config::parse_size(&v).ok())
-            .unwrap_or(RENDEZVOUS_BYTES)
-    })
 }
 
 /// Whether transfers with `peer` may go single-copy; an error if there is no link.
@@ -681,88 +652,6 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
             }
         }
     }
-}
-
-/// Single copy: read a rendezvous transfer straight from the peer's memory —
-/// into place for a plain receive, or chunk by chunk through a cache-sized staging
-/// buffer that is reduced while still hot.
-fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<()> {
-    let field = |i: usize| u64::from_le_bytes(m.desc[i..i + 8].try_into().expect("8 bytes")) as usize;
-    let (addr, len, offset) = (field(0), field(8), field(16));
-    let name_len = m.desc[24] as usize;
-    if len != m.len || DESC_FIXED + name_len != m.desc_got {
-        let detail = format!("rendezvous of {len} bytes where this rank expects {}", m.len);
-        return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
-    }
-    if name_len > 0 {
-        let name = String::from_utf8_lossy(&m.desc[DESC_FIXED..DESC_FIXED + name_len]).into_owned();
-        if pull_registered(ch, m, &name, offset, call)? {
-            return Ok(());
-        }
-    }
-    let lost = |e: io::Error| Error::PeerLost {
-        ctx: call.ctx.clone(),
-        peer,
-        detail: format!("reading its memory failed: {e}"),
-    };
-    let Some(src) = m.src else {
-        // SAFETY: dst..dst+len is a live region of this rank's buffers.
-        let dst = unsafe { std::slice::from_raw_parts_mut(m.dst, len) };
-        return ch.link.read_peer(addr, dst).map_err(lost);
-    };
-    if ch.staging.len() < PEER_CHUNK {
-        ch.staging.resize(PEER_CHUNK.max(SEGMENT_BYTES), 0);
-    }
-    let op = call.reduce_op.combiner();
-    let mut off = 0;
-    while off < len {
-        let n = (len - off).min(PEER_CHUNK);
-        ch.link.read_peer(addr + off, &mut ch.staging[..n]).map_err(lost)?;
-        let inc = &ch.staging[..n];
-        // SAFETY: [off, off+n) lies inside the step's dst and src ranges; src is
-        // either the same memory as dst or disjoint from it (checked when queued).
-        unsafe {
-            let dst = std::slice::from_raw_parts_mut(m.dst.add(off), n);
-            if std::ptr::eq(src, m.dst) {
-                reduce::reduce_inplace(call.dtype, op, dst, inc)?;
-            } else {
-                reduce::reduce_into(call.dtype, op, dst, std::slice::from_raw_parts(src.add(off), n), inc)?;
-            }
-        }
-        off += n;
-    }
-    m.got = len;
-    Ok(())
-}
-
-/// Zero copy from a peer's registered segment, mapped once per link: copy or
-/// reduce straight out of the mapping. Returns false when the segment cannot be
-/// mapped here, so the caller falls back to reading through the kernel.
-fn pull_registered(ch: &mut Channel, m: &mut InMsg, name: &str, offset: usize, call: &CallInfo) -> Result<bool> {
-    if !ch.peer_segments.contains_key(name) {
-        match PeerSegment::open(name) {
-            Ok(seg) => {
-                ch.peer_segments.insert(name.to_owned(), seg);
-            }
-            Err(e) => {
-                tracing::debug!("cannot map registered segment {name}: {e}; reading through the kernel");
-                return Ok(false);
-            }
-        }
-    }
-    let Some(peer) = ch.peer_segments.get(name).and_then(|seg| seg.slice(offset, m.len)) else { return Ok(false) };
-    let op = call.reduce_op.combiner();
-    // SAFETY: dst (and src) are live regions of this rank's buffers; src is dst or disjoint.
-    unsafe {
-        let dst = std::slice::from_raw_parts_mut(m.dst, m.len);
-        match m.src {
-            None => dst.copy_from_slice(peer),
-            Some(src) if std::ptr::eq(src, m.dst) => reduce::reduce_inplace(call.dtype, op, dst, peer)?,
-            Some(src) => reduce::reduce_into(call.dtype, op, dst, std::slice::from_raw_parts(src, m.len), peer)?,
-        }
-    }
-    m.got = m.len;
-    Ok(true)
 }
 
 /// Reduce what has arrived of a receive-reduce segment, in grains, so reduction
