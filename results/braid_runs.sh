@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# braid beside the peers: all-reduce f32 sum in place at the peers' sizes, one JSON
+# file per configuration. Usage: results/braid_runs.sh TAG   (run it before and
+# after ../shared/peers/run_all.sh, then results/summarize.py).
+set -u
+B=${BRAID:-target/release/braid}
+OUT=${OUT:-/tmp/braid-results}
+tag=$1
+mkdir -p "$OUT"
+for cfg in "2 tcp" "2 shm" "2 shm --registered" "4 tcp" "4 shm" "4 shm --registered"; do
+  set -- $cfg; n=$1; t=$2; shift 2; extra="$*"
+  name="n${n}-${t}${extra:+-reg}"
+  for s in 4K 64K 1M 16M 64M; do
+    $B perf --ranks "$n" --transport "$t" --min-bytes $s --max-bytes $s --check $extra \
+      --json "$OUT/braid-$name-$tag.jsonl" > /dev/null 2>&1 || echo "FAILED $name $s"
+  done
+done
