@@ -1,13 +1,16 @@
-import json, glob, statistics, re
+#!/usr/bin/env python3
+# usage: summarize.py PEERS_RESULTS_MD   (braid JSON lines from $OUT, default /tmp/braid-results)
+import json, glob, os, statistics, re, sys
+OUT = os.environ.get('OUT', '/tmp/braid-results')
 sizes=[4096,65536,1<<20,16<<20,64<<20]
 names={4096:"4 KiB",65536:"64 KiB",1<<20:"1 MiB",16<<20:"16 MiB",64<<20:"64 MiB"}
 def braid(cfg):
     vals={s:[] for s in sizes}; times={s:[] for s in sizes}; wrong=0
-    for f in sorted(glob.glob(f"/tmp/acc/braid-{cfg}-[abc].jsonl")):
+    for f in sorted(glob.glob(os.path.join(OUT, f"braid-{cfg}-*.jsonl"))):
         for l in open(f):
             d=json.loads(l); vals[d["bytes"]].append(d["busbw_gbps"]); times[d["bytes"]].append(d["time_us"]); wrong+=d["wrong"] or 0
     return {s:(statistics.median(vals[s]),statistics.median(times[s]),min(vals[s]),max(vals[s]),len(vals[s])) for s in sizes if vals[s]}, wrong
-md=open('/tmp/peers/results-2026-11-23.md').read()
+md=open(sys.argv[1]).read()
 def table(title):
     sec=md.split(title)[1]
     rows=[l for l in sec.splitlines() if l.startswith('| ') and 'KiB' in l or l.startswith('| ') and 'MiB' in l][:5]
