@@ -7,6 +7,8 @@ names={4096:"4 KiB",65536:"64 KiB",1<<20:"1 MiB",16<<20:"16 MiB",64<<20:"64 MiB"
 def braid(cfg):
     vals={s:[] for s in sizes}; times={s:[] for s in sizes}; wrong=0
     for f in sorted(glob.glob(os.path.join(OUT, f"braid-{cfg}-*.jsonl"))):
+        if "-" in os.path.basename(f)[len(f"braid-{cfg}-"):]:
+            continue  # another configuration (e.g. n2-shm-reg for n2-shm)
         for l in open(f):
             d=json.loads(l); vals[d["bytes"]].append(d["busbw_gbps"]); times[d["bytes"]].append(d["time_us"]); wrong+=d["wrong"] or 0
     return {s:(statistics.median(vals[s]),statistics.median(times[s]),min(vals[s]),max(vals[s]),len(vals[s])) for s in sizes if vals[s]}, wrong
