@@ -404,7 +404,9 @@ fn run_transfers(
     inq: &mut [VecDeque<InMsg>],
     call: &CallInfo,
 ) -> Result<()> {
-    let mut last_progress = Instant::now();
+    // The clock is read only once waiting begins: a transfer that completes on
+    // the first passes never pays for it.
+    let mut last_progress: Option<Instant> = None;
     let mut sleep = Duration::from_micros(5);
     loop {
         let mut progressed = false;
@@ -419,13 +421,13 @@ fn run_transfers(
         if !pending {
             return Ok(());
         }
-        let now = Instant::now();
         if progressed {
-            last_progress = now;
+            last_progress = None;
             sleep = Duration::from_micros(5);
             continue;
         }
-        let idle = now - last_progress;
+        let now = Instant::now();
+        let idle = now - *last_progress.get_or_insert(now);
         if idle >= call.timeout {
             let waiting_on = (0..channels.len())
                 .filter(|&p| channels[p].as_ref().is_some_and(|ch| busy(ch, &outq[p], &inq[p])))

@@ -68,6 +68,9 @@ pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call:
     let Some(src) = m.src else {
         // SAFETY: dst..dst+len is a live region of this rank's buffers.
         let dst = unsafe { std::slice::from_raw_parts_mut(m.dst, len) };
+        // One kernel copy straight into place. (Pulling through a cached chunk
+        // and streaming it out measured slower here: the extra pass costs more
+        // than the destination reads it saves.)
         return ch.link.read_peer(addr, dst).map_err(lost);
     };
     if ch.staging.len() < PEER_CHUNK {
@@ -116,7 +119,7 @@ fn pull_registered(ch: &mut Channel, m: &mut InMsg, name: &str, offset: usize, c
     unsafe {
         let dst = std::slice::from_raw_parts_mut(m.dst, m.len);
         match m.src {
-            None => dst.copy_from_slice(peer),
+            None => reduce::copy_streaming(dst, peer),
             Some(src) if std::ptr::eq(src, m.dst) => reduce::reduce_inplace(call.dtype, op, dst, peer)?,
             Some(src) => reduce::reduce_into(call.dtype, op, dst, std::slice::from_raw_parts(src, m.len), peer)?,
         }
