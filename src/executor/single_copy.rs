@@ -10,9 +10,11 @@ use crate::error::{Error, Result};
 use crate::reduce;
 use crate::registered::{self, PeerSegment};
 
-/// Single-copy reductions read the peer's data in chunks of this size, so the
-/// chunk is still in cache when it is reduced.
-const PEER_CHUNK: usize = 64 << 10;
+/// Single-copy reductions read the peer's data in chunks of this size, then reduce
+/// each chunk while it is still in cache. Measured on the 2-core VM (2 ranks): 1 MiB
+/// chunks beat 64 KiB and 256 KiB by 5–15 % at 16–64 MiB, because each
+/// `process_vm_readv` pins pages at a fixed cost per call.
+const PEER_CHUNK: usize = 1 << 20;
 /// Rendezvous payload: address u64, length u64, offset in a registered segment
 /// u64, name length u8, then the segment's name (empty: not registered).
 pub(super) const DESC_FIXED: usize = 25;
