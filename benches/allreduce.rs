@@ -1,4 +1,4 @@
-//! All-reduce throughput by size for the in-process and TCP transports
+//! All-reduce throughput by size for the in-process, shared-memory and TCP transports
 //! (`cargo bench`; `cargo bench -- --quick` for a short run). Ranks are threads of
 //! this process; for process ranks and peer comparisons use `braid perf`.
 
@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use braid::bootstrap::{MemStore, Store};
+use braid::transport::TransportKind;
 use braid::{Communicator, ReduceOp};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -66,13 +67,18 @@ impl Drop for Group {
     }
 }
 
-fn tcp_comms(world: usize) -> Vec<Communicator> {
+fn process_comms(world: usize, kind: TransportKind) -> Vec<Communicator> {
     let store: Arc<dyn Store> = Arc::new(MemStore::new());
     let hs: Vec<_> = (0..world)
         .map(|r| {
             let s = store.clone();
             std::thread::spawn(move || {
-                Communicator::builder(r, world).store(s).socket_ifname("lo").build().expect("tcp")
+                Communicator::builder(r, world)
+                    .store(s)
+                    .socket_ifname("lo")
+                    .transports(vec![kind])
+                    .build()
+                    .expect("links")
             })
         })
         .collect();
@@ -80,7 +86,12 @@ fn tcp_comms(world: usize) -> Vec<Communicator> {
 }
 
 fn bench(c: &mut Criterion) {
-    for (name, comms) in [("inproc", Communicator::in_process(WORLD).expect("inproc")), ("tcp", tcp_comms(WORLD))] {
+    let groups = [
+        ("inproc", Communicator::in_process(WORLD).expect("inproc")),
+        ("shm", process_comms(WORLD, TransportKind::Shm)),
+        ("tcp", process_comms(WORLD, TransportKind::Tcp)),
+    ];
+    for (name, comms) in groups {
         let group = Group::new(comms);
         let mut g = c.benchmark_group(format!("all_reduce_f32_{name}_{WORLD}ranks"));
         g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
