@@ -46,7 +46,12 @@ fn run_stops_everyone_when_a_rank_fails() {
 }
 
 /// Start rank processes of `braid perf` by hand (so the test knows their pids).
-fn perf_ranks(store: &str, world: usize, args: impl Fn(usize) -> Vec<String>) -> Vec<std::process::Child> {
+fn perf_ranks(
+    store: &str,
+    world: usize,
+    transport: &str,
+    args: impl Fn(usize) -> Vec<String>,
+) -> Vec<std::process::Child> {
     (0..world)
         .map(|rank| {
             Command::new(BRAID)
@@ -56,6 +61,7 @@ fn perf_ranks(store: &str, world: usize, args: impl Fn(usize) -> Vec<String>) ->
                 .env("BRAID_WORLD_SIZE", world.to_string())
                 .env("BRAID_STORE", store)
                 .env("BRAID_TIMEOUT", "30")
+                .env("BRAID_TRANSPORTS", transport)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -72,25 +78,37 @@ fn stderr_of(c: &mut std::process::Child) -> String {
 
 #[test]
 fn ranks_running_different_collectives_both_fail_naming_both() {
+    for transport in ["tcp", "shm"] {
+        different_collectives(transport);
+    }
+}
+
+fn different_collectives(transport: &str) {
     let server = TcpStoreServer::bind("127.0.0.1:0").unwrap();
     let store = format!("tcp://{}", server.local_addr());
-    let mut kids = perf_ranks(&store, 2, |rank| {
+    let mut kids = perf_ranks(&store, 2, transport, |rank| {
         let op = if rank == 0 { "all-reduce" } else { "broadcast" };
         ["--op", op, "--min-bytes", "4K", "--max-bytes", "4K", "--check"].map(String::from).to_vec()
     });
     for (rank, k) in kids.iter_mut().enumerate() {
         let status = k.wait().unwrap();
         let err = stderr_of(k);
-        assert!(!status.success(), "rank {rank} should fail");
-        assert!(err.contains("all-reduce(") && err.contains("broadcast("), "rank {rank}: {err}");
+        assert!(!status.success(), "{transport}: rank {rank} should fail");
+        assert!(err.contains("all-reduce(") && err.contains("broadcast("), "{transport}: rank {rank}: {err}");
     }
 }
 
 #[test]
 fn killing_a_rank_mid_sweep_fails_the_others_naming_it() {
+    for transport in ["tcp", "shm"] {
+        kill_mid_sweep(transport);
+    }
+}
+
+fn kill_mid_sweep(transport: &str) {
     let server = TcpStoreServer::bind("127.0.0.1:0").unwrap();
     let store = format!("tcp://{}", server.local_addr());
-    let mut kids = perf_ranks(&store, 3, |_| {
+    let mut kids = perf_ranks(&store, 3, transport, |_| {
         ["--min-bytes", "1K", "--max-bytes", "64M", "--iters", "100000"].map(String::from).to_vec()
     });
     std::thread::sleep(Duration::from_millis(1500));
@@ -104,12 +122,15 @@ fn killing_a_rank_mid_sweep_fails_the_others_naming_it() {
             if let Some(s) = k.try_wait().unwrap() {
                 break s;
             }
-            assert!(killed_at.elapsed() < Duration::from_secs(10), "rank {rank} still running 10 s after the kill");
+            assert!(
+                killed_at.elapsed() < Duration::from_secs(10),
+                "{transport}: rank {rank} running 10 s after the kill"
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         let err = stderr_of(k);
-        assert!(!status.success(), "rank {rank} must exit non-zero");
-        assert!(err.contains("rank 1"), "rank {rank} must name the dead rank: {err}");
+        assert!(!status.success(), "{transport}: rank {rank} must exit non-zero");
+        assert!(err.contains("rank 1"), "{transport}: rank {rank} must name the dead rank: {err}");
     }
     let _ = kids[1].wait();
 }
