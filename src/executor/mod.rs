@@ -40,6 +40,9 @@ pub const RENDEZVOUS_BYTES: usize = 128 << 10;
 /// After spinning, links without a descriptor to poll keep yielding this long
 /// before they start to sleep.
 const YIELD_PHASE: Duration = Duration::from_millis(2);
+/// With more ranks than cores, waiting ranks keep yielding (a peer that needs the
+/// core is likely runnable) for up to this long before they sleep.
+const LONG_IDLE: Duration = Duration::from_millis(100);
 /// Longest an abort message may be.
 const MAX_REASON: usize = 64 << 10;
 
@@ -448,7 +451,9 @@ fn run_transfers(
             // ranks outnumber cores, since a peer is likely runnable — then back off.
             // Oversubscribed, a peer needing this core is likely runnable: keep
             // yielding to it (as Open MPI does) rather than sleeping past its reply.
-            if call.wait.yield_while_spinning || idle < call.wait.spin + YIELD_PHASE {
+            // Past LONG_IDLE the peer is computing, not replying: stop burning the core.
+            let yielding = if call.wait.yield_while_spinning { LONG_IDLE } else { YIELD_PHASE };
+            if idle < call.wait.spin + yielding {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(sleep.min(left));
