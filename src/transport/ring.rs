@@ -22,6 +22,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// A long write publishes its progress in steps of this many bytes.
+const PUBLISH_BYTES: usize = 64 << 10;
+
 /// Alignment a ring region must have (the counters' block size).
 pub const RING_ALIGN: usize = 128;
 
@@ -169,12 +172,17 @@ impl RingWriter {
             let mut done = 0;
             while done < n {
                 let at = (pos % cap as u64) as usize;
-                let run = (n - done).min(cap - at);
+                // Publish every PUBLISH_BYTES so the reader consumes (and reduces) the
+                // start of a long message while the rest is still being copied.
+                let run = (n - done).min(cap - at).min(PUBLISH_BYTES);
                 // SAFETY: [at, at+run) lies inside the data area, in its free part,
                 // which only this (single) writer touches until `head` is published.
                 unsafe { std::ptr::copy_nonoverlapping(b.as_ptr().add(done), v.data.as_ptr().add(at), run) };
                 done += run;
                 pos = pos.wrapping_add(run as u64);
+                if done < n {
+                    hdr.head.0.store(pos, Ordering::Release);
+                }
             }
             free -= n;
             if n < b.len() {
