@@ -245,7 +245,7 @@ fn alloc(a: &PerfArgs, len: usize) -> braid::Result<Buf> {
 }
 
 fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> braid::Result<Case> {
-    let (n, r, dt, esz) = (comm.world_size(), comm.rank(), a.dtype, a.dtype.size());
+    let (n, dt, esz) = (comm.world_size(), a.dtype, a.dtype.size());
     let count = match a.op {
         OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => size / (n * esz),
         OpKind::Barrier => 0,
@@ -261,7 +261,6 @@ fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> braid::Result<Case> {
         OpKind::Barrier => (0, 0, 0),
         _ => (count * esz, count * esz, count * esz),
     };
-    let _ = r;
     let mut c = Case { sig, bytes, input: alloc(a, in_len)?, output: alloc(a, out_len)?, pristine: Vec::new() };
     let mut p = vec![0u8; if a.out_of_place { in_len } else { out_len }];
     fill_inputs(comm, a, &c, &mut p);
