@@ -21,7 +21,7 @@ use crate::frame::FrameKind;
 use crate::reduce;
 use crate::topology;
 use crate::transport::loopback::LoopbackLink;
-use crate::transport::shm::{connect_shm, ShmOptions};
+use crate::transport::shm::{self, connect_shm, ShmOptions};
 use crate::transport::tcp::{connect_mesh, MeshOptions};
 use crate::transport::{Link, TransportKind};
 use crate::types::{CallSig, DType, Element, OpKind, ReduceOp};
@@ -463,6 +463,7 @@ impl CommunicatorBuilder {
             let mut opts = ShmOptions::new(cfg.rank, cfg.world_size, "shm");
             opts.peers = shm_peers;
             opts.timeout = cfg.timeout;
+            opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(topo.local_size));
             for (p, l) in connect_shm(&opts, &scoped)?.into_iter().enumerate() {
                 if let Some(l) = l {
                     links[p] = Some(Box::new(l));

@@ -11,6 +11,7 @@
 //! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |
 //! | `BRAID_JOB_KEY` | shared secret proven when peers connect |
 //! | `BRAID_RENDEZVOUS_BYTES` | single-copy threshold between ranks of a host (read by the executor) |
+//! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 512K) |
 //!
 //! When `BRAID_RANK` is absent, launchers are recognised: torchrun (`RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
@@ -48,6 +49,8 @@ pub struct Config {
     pub debug: Option<String>,
     /// Shared job secret.
     pub job_key: Option<String>,
+    /// Ring bytes per direction of shared-memory links, None for the default.
+    pub shm_ring_bytes: Option<usize>,
     /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `code`).
     pub launcher: &'static str,
 }
@@ -66,6 +69,7 @@ impl Config {
             timeout: DEFAULT_TIMEOUT,
             debug: None,
             job_key: None,
+            shm_ring_bytes: None,
             launcher: "code",
         }
     }
@@ -135,6 +139,15 @@ impl Config {
             }
         }
         cfg.socket_ifname = get("BRAID_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        if let Some(t) = get("BRAID_SHM_RING_BYTES") {
+            let n = parse_size(&t).map_err(|e| Error::Config(format!("BRAID_SHM_RING_BYTES: {e}")))?;
+            if !(4096..=1 << 30).contains(&n) || n % 4096 != 0 {
+                return Err(Error::Config(format!(
+                    "BRAID_SHM_RING_BYTES: {n} is not a multiple of 4096 between 4K and 1G"
+                )));
+            }
+            cfg.shm_ring_bytes = Some(n);
+        }
         if let Some(t) = get("BRAID_TIMEOUT") {
             cfg.timeout = parse_duration(&t).map_err(|e| Error::Config(format!("BRAID_TIMEOUT: {e}")))?;
         }

@@ -11,13 +11,30 @@
 //! ```
 //! Little-endian. Every data frame repeats the call's signature, so a rank that
 //! receives a frame of another call reports both calls instead of corrupting data.
+//!
+//! The payload of a data or rendezvous frame is followed by zero bytes up to a
+//! multiple of [`PAYLOAD_ALIGN`] (not counted in the length field). With the header
+//! a multiple of it too, every payload starts 8-aligned in the stream, so a
+//! receiver can reduce straight out of a shared ring with aligned vector loads.
+//! Control frames (abort, goodbye, ack) are not padded.
 
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 40;
-/// Protocol version; bumped when the header changes.
-pub const VERSION: u8 = 1;
+/// Protocol version; bumped when the header or the framing changes.
+pub const VERSION: u8 = 2;
+/// Data and rendezvous payloads are padded to a multiple of this many bytes.
+pub const PAYLOAD_ALIGN: usize = 8;
+const _: () = assert!(HEADER_LEN % PAYLOAD_ALIGN == 0);
+
+/// Zero bytes that follow a payload of `len` bytes in a frame of `kind`.
+pub const fn padding(kind: FrameKind, len: usize) -> usize {
+    match kind {
+        FrameKind::Data | FrameKind::Rendezvous => (PAYLOAD_ALIGN - len % PAYLOAD_ALIGN) % PAYLOAD_ALIGN,
+        _ => 0,
+    }
+}
 const MAGIC: u16 = u16::from_le_bytes(*b"BR");
 
 /// What a frame carries.
@@ -114,6 +131,17 @@ impl Header {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_and_rendezvous_payloads_are_padded_to_eight_bytes() {
+        assert_eq!(padding(FrameKind::Data, 0), 0);
+        assert_eq!(padding(FrameKind::Data, 1), 7);
+        assert_eq!(padding(FrameKind::Data, 194), 6);
+        assert_eq!(padding(FrameKind::Rendezvous, 25), 7);
+        assert_eq!(padding(FrameKind::Data, 1 << 20), 0);
+        assert_eq!(padding(FrameKind::Abort, 3), 0);
+        assert_eq!(padding(FrameKind::Ack, 0), 0);
+    }
 
     #[test]
     fn round_trip_and_garbage() {

@@ -201,6 +201,45 @@ fn perf_checks_every_collective_over_shared_memory_for_world_sizes_1_to_8() {
     }
 }
 
+/// Long transfers between processes go through the shared ring by default; registered
+/// buffers (`--registered`) and, with `BRAID_CMA=1`, plain ones go single-copy. Each
+/// path must give exact results and must really be taken (the executor traces every
+/// single-copy read).
+#[test]
+fn perf_checks_the_single_copy_paths_over_shared_memory() {
+    let single_copy_lines = |err: &str, what: &str| err.lines().filter(|l| l.contains(what)).count();
+    for ranks in [2, 3] {
+        for (extra, cma, what) in [
+            (None, false, None),
+            (Some("--registered"), false, Some("registered segment")),
+            (None, true, Some("single copy through the link (shm)")),
+        ] {
+            for op in ["all-reduce", "all-gather", "reduce-scatter", "broadcast"] {
+                let mut cmd = Command::new(BRAID);
+                cmd.args(["perf", "--op", op, "--ranks", &ranks.to_string(), "--transport", "shm"])
+                    .args(["--min-bytes", "64K", "--max-bytes", "6M", "--factor", "9", "--iters", "2", "--warmup", "1"])
+                    .args(["--check", "--dtype", "f32"])
+                    .args(extra)
+                    .env("BRAID_DEBUG", "braid::executor=trace");
+                if cma {
+                    cmd.env("BRAID_CMA", "1");
+                }
+                let out = cmd.output().unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                let err = String::from_utf8_lossy(&out.stderr);
+                let label = format!("{op} n={ranks} {extra:?} cma={cma}");
+                assert!(out.status.success(), "{label}: {text}\n{err}");
+                assert!(text.contains("# Out of bounds values : 0 OK"), "{label}: {text}");
+                let any_single = single_copy_lines(&err, "single copy");
+                match what {
+                    Some(what) => assert!(single_copy_lines(&err, what) > 0, "{label}: no `{what}` trace\n{err}"),
+                    None => assert_eq!(any_single, 0, "{label}: plain buffers went single-copy by default"),
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn rank_zero_hosting_the_store_keeps_it_up_for_slower_ranks() {
     // Rank 0 hosts the store when nothing listens at BRAID_STORE. It used to stop

@@ -285,3 +285,42 @@ grid_tests! {
     shm_w7_large: Net::Shm, 7, true;
     shm_w8_large: Net::Shm, 8, true;
 }
+
+/// Receivers reduce straight out of the ring. With a ring whose size is not a
+/// multiple of the element size, elements straddle the ring's end and must be
+/// gathered before they are combined; the results must stay exact.
+#[test]
+fn reductions_out_of_rings_that_split_elements_stay_exact() {
+    use braid::transport::{loopback::LoopbackLink, Link};
+    use braid::Config;
+    const WORLD: usize = 3;
+    let mut links: Vec<Vec<Option<Box<dyn Link>>>> = (0..WORLD).map(|_| (0..WORLD).map(|_| None).collect()).collect();
+    for (a, b) in (0..WORLD).flat_map(|a| (a + 1..WORLD).map(move |b| (a, b))) {
+        let (x, y) = LoopbackLink::pair(a, b, 1003);
+        links[a][b] = Some(Box::new(x));
+        links[b][a] = Some(Box::new(y));
+    }
+    let comms = links
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let cfg = Config::new(r, WORLD);
+            Communicator::from_links(r, WORLD, l, 11, &cfg, braid::executor::WaitPolicy::for_ranks(WORLD))
+        })
+        .collect();
+    on_ranks(comms, |c| {
+        let r = c.rank();
+        // Uneven chunks (count % 3 != 0) of 2-, 4- and 8-byte elements, eager frames.
+        let n = 6001;
+        let mut a = input::<i64>(ReduceOp::Sum, r, n, 0);
+        c.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
+        check_with("i64 sum", &a, |i| expected(ReduceOp::Sum, WORLD, i));
+        let b = input::<f16>(ReduceOp::Max, r, n, 0);
+        let mut out = poison::<f16>(n);
+        c.all_reduce(&b, &mut out, ReduceOp::Max).unwrap();
+        check_with("f16 max", &out, |i| expected(ReduceOp::Max, WORLD, i));
+        let mut d = input::<f32>(ReduceOp::Prod, r, n, 0);
+        c.all_reduce_in_place(&mut d, ReduceOp::Prod).unwrap();
+        check_with("f32 prod", &d, |i| expected(ReduceOp::Prod, WORLD, i));
+    });
+}

@@ -21,20 +21,24 @@ use std::time::{Duration, Instant};
 
 use crate::algorithm::{BufId, Region, Schedule, Step};
 use crate::error::{Error, OpContext, Result};
-use crate::frame::{FrameKind, Header, HEADER_LEN};
+use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
 use crate::registered::PeerSegment;
 
 mod single_copy;
 use crate::transport::Link;
 use crate::types::{CallSig, DType, ReduceOp};
-use single_copy::{describe, pull_from_peer, rendezvous_bytes, DESC_FIXED, DESC_MAX};
+use single_copy::{cma_for_plain_buffers, describe, pull_from_peer, rendezvous_bytes, DESC_FIXED, DESC_MAX};
 
 /// Largest payload of one frame. Long transfers are cut into segments of this size
 /// so a receiver can reduce one while the next is in flight.
 pub const SEGMENT_BYTES: usize = 1 << 20;
 /// Incoming data is reduced in grains of this size as soon as it has arrived.
 const REDUCE_GRAIN: usize = 64 << 10;
+/// Receives at least this long, whose destination will not stay in cache anyway,
+/// are copied out of shared rings with non-temporal stores: that skips reading each
+/// destination line before overwriting it (a quarter of the memory traffic).
+const STREAM_RECV_BYTES: usize = 4 << 20;
 /// Transfers at least this long go single-copy on links that can read peer memory.
 pub const RENDEZVOUS_BYTES: usize = 128 << 10;
 /// After spinning, links without a descriptor to poll keep yielding this long
@@ -63,6 +67,44 @@ impl WaitPolicy {
     }
 }
 
+/// Which transfers of at least [`rendezvous_bytes`] go single-copy on a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SingleCopy {
+    /// The link cannot read peer memory: every byte goes through it.
+    Never,
+    /// Only data in registered buffers: the peer maps the segment and reads it with
+    /// no system call. Plain buffers between processes go through the shared ring,
+    /// which measured faster here than `process_vm_readv` at every size (pinning
+    /// pages costs more than the ring's extra copy; see `results/`).
+    Registered,
+    /// Everything (threads of one process: a plain copy from the peer's buffer;
+    /// or `BRAID_CMA=1` for `process_vm_readv` between processes).
+    Always,
+}
+
+impl SingleCopy {
+    fn for_link(link: &dyn Link) -> SingleCopy {
+        if !link.can_read_peer() {
+            SingleCopy::Never
+        } else if link.kind() == crate::transport::TransportKind::Shm && !cma_for_plain_buffers() {
+            SingleCopy::Registered
+        } else {
+            SingleCopy::Always
+        }
+    }
+
+    /// Whether the frame of `len` bytes at `data`, part of a transfer of `total`
+    /// bytes, goes as a rendezvous.
+    fn applies(self, data: *const u8, len: usize, total: usize) -> bool {
+        total >= rendezvous_bytes()
+            && match self {
+                SingleCopy::Never => false,
+                SingleCopy::Always => true,
+                SingleCopy::Registered => crate::registered::lookup(data as usize, len).is_some(),
+            }
+    }
+}
+
 /// Receive-side framing state of a channel.
 enum Rx {
     /// Reading a header; `have` bytes of it are in `hdr`.
@@ -71,6 +113,8 @@ enum Rx {
     Ready(Header),
     /// Reading an abort frame's reason.
     Reason { want: usize, buf: Vec<u8> },
+    /// Skipping the padding after a payload.
+    Pad { left: usize },
     /// The peer said goodbye and closed: fine until something is expected from it.
     Closed,
 }
@@ -85,8 +129,11 @@ pub struct Channel {
     said_goodbye: bool,
     /// False while a frame is partly written: nothing else may be injected then.
     tx_at_boundary: bool,
-    /// Whether long transfers on this link go single-copy (same on both ends).
-    rendezvous: bool,
+    /// Which long transfers on this link go single-copy (the sender decides per
+    /// frame; the receiver follows each frame's kind).
+    single_copy: SingleCopy,
+    /// Whether incoming data can be reduced straight out of the link ([`Link::peek`]).
+    peek: bool,
     /// Rendezvous frames sent whose ack has not arrived.
     acks_awaited: usize,
     /// Rendezvous reads finished whose ack is still to be sent.
@@ -99,7 +146,8 @@ impl Channel {
     /// Wrap a connected link.
     pub fn new(link: Box<dyn Link>) -> Channel {
         Channel {
-            rendezvous: link.can_read_peer(),
+            single_copy: SingleCopy::for_link(link.as_ref()),
+            peek: link.can_peek(),
             acks_awaited: 0,
             acks_owed: 0,
             peer_segments: HashMap::new(),
@@ -127,8 +175,7 @@ impl Channel {
             let mut sent = 0;
             let give_up = Instant::now() + Duration::from_millis(200);
             while sent < total && Instant::now() < give_up {
-                let (a, b) = split_frame(&hdr, payload, sent);
-                match self.link.try_write(&[a, b]) {
+                match self.link.try_write(&frame_parts(&hdr, payload, 0, sent)) {
                     Ok(0) => std::thread::yield_now(),
                     Ok(n) => sent += n,
                     Err(_) => break,
@@ -140,12 +187,18 @@ impl Channel {
     }
 }
 
-/// The slices still to be written of a frame of which `sent` bytes went out.
-fn split_frame<'a>(hdr: &'a [u8], payload: &'a [u8], sent: usize) -> (&'a [u8], &'a [u8]) {
-    if sent < hdr.len() {
-        (&hdr[sent..], payload)
+/// The slices still to be written of a frame (header, payload, `pad` zero bytes)
+/// of which `sent` bytes went out.
+fn frame_parts<'a>(hdr: &'a [u8], payload: &'a [u8], pad: usize, sent: usize) -> [&'a [u8]; 3] {
+    static ZEROS: [u8; PAYLOAD_ALIGN] = [0; PAYLOAD_ALIGN];
+    let zeros = &ZEROS[..pad];
+    let (h, p) = (hdr.len(), payload.len());
+    if sent < h {
+        [&hdr[sent..], payload, zeros]
+    } else if sent < h + p {
+        [&[], &payload[sent - h..], zeros]
     } else {
-        (&[], &payload[sent - hdr.len()..])
+        [&[], &[], &zeros[sent - h - p..]]
     }
 }
 
@@ -246,6 +299,12 @@ struct InMsg {
     got: usize,
     reduced: usize,
     started: bool,
+    /// Plain receive part of a long transfer: copy out with non-temporal stores.
+    stream: bool,
+    /// The bytes of an element split by the end of a ring's data area, gathered
+    /// before it is reduced (zero-copy receive only).
+    carry: [u8; 8],
+    carry_len: usize,
     /// Rendezvous descriptor bytes read so far.
     desc: [u8; DESC_MAX],
     desc_got: usize,
@@ -296,11 +355,12 @@ fn run_rounds(
                 Step::Copy { src, dst } => local_copy(bufs, &src, &dst)?,
                 Step::Reduce { src, dst } => local_reduce(bufs, &src, &dst, call)?,
                 Step::Send { peer, src } => {
-                    let rdv = link_rendezvous(channels, peer, call)?;
+                    let mode = link_single_copy(channels, peer, call)?;
                     let base = bufs.ptr(&src)? as *const u8;
-                    for (off, len, single) in frames(rdv, src.len) {
+                    for (off, len) in frames(src.len) {
                         // SAFETY: off + len <= src.len, inside the region checked by ptr().
                         let data = unsafe { base.add(off) };
+                        let single = mode.applies(data, len, src.len);
                         let kind = if single { FrameKind::Rendezvous } else { FrameKind::Data };
                         let (desc, desc_len) = if single { describe(data, len) } else { ([0; DESC_MAX], 0) };
                         let wire_len = if single { desc_len } else { len };
@@ -317,21 +377,23 @@ fn run_rounds(
                     }
                 }
                 Step::Recv { peer, dst } => {
-                    let rdv = link_rendezvous(channels, peer, call)?;
+                    link_single_copy(channels, peer, call)?;
                     let base = bufs.ptr(&dst)?;
-                    for (off, len, _) in frames(rdv, dst.len) {
+                    for (off, len) in frames(dst.len) {
                         // SAFETY: as above.
-                        inq[peer].push_back(InMsg::new(unsafe { base.add(off) }, None, len));
+                        let mut m = InMsg::new(unsafe { base.add(off) }, None, len);
+                        m.stream = dst.len >= STREAM_RECV_BYTES;
+                        inq[peer].push_back(m);
                     }
                 }
                 Step::RecvReduce { peer, src, dst } => {
                     if src.len != dst.len || (src.overlaps(&dst) && src != dst) {
                         return Err(Error::InvalidArgument(format!("bad receive-reduce regions {src:?} {dst:?}")));
                     }
-                    let rdv = link_rendezvous(channels, peer, call)?;
+                    link_single_copy(channels, peer, call)?;
                     let d = bufs.ptr(&dst)?;
                     let s = bufs.ptr(&src)? as *const u8;
-                    for (off, len, _) in frames(rdv, dst.len) {
+                    for (off, len) in frames(dst.len) {
                         // SAFETY: as above.
                         inq[peer].push_back(InMsg::new(unsafe { d.add(off) }, Some(unsafe { s.add(off) }), len));
                     }
@@ -345,27 +407,37 @@ fn run_rounds(
 
 impl InMsg {
     fn new(dst: *mut u8, src: Option<*const u8>, len: usize) -> InMsg {
-        InMsg { len, dst, src, got: 0, reduced: 0, started: false, desc: [0; DESC_MAX], desc_got: 0 }
+        InMsg {
+            len,
+            dst,
+            src,
+            got: 0,
+            reduced: 0,
+            started: false,
+            stream: false,
+            carry: [0; 8],
+            carry_len: 0,
+            desc: [0; DESC_MAX],
+            desc_got: 0,
+        }
     }
 }
 
-/// Whether transfers with `peer` may go single-copy; an error if there is no link.
-fn link_rendezvous(channels: &[Option<Channel>], peer: usize, call: &CallInfo) -> Result<bool> {
+/// Which transfers with `peer` may go single-copy; an error if there is no link.
+fn link_single_copy(channels: &[Option<Channel>], peer: usize, call: &CallInfo) -> Result<SingleCopy> {
     match channels.get(peer) {
-        Some(Some(ch)) => Ok(ch.rendezvous),
+        Some(Some(ch)) => Ok(ch.single_copy),
         _ => Err(Error::InvalidArgument(format!("{}: schedule names rank {peer}, which has no link", call.ctx))),
     }
 }
 
-/// (offset, length, single-copy) of the frames a transfer of `len` bytes is cut
-/// into. Both ends compute the same cut: it depends only on the length and on the
-/// link's rendezvous ability, which both ends share. A zero-length transfer is one
-/// empty frame (barrier messages).
-fn frames(rendezvous: bool, len: usize) -> impl Iterator<Item = (usize, usize, bool)> {
-    let single = rendezvous && len >= rendezvous_bytes();
-    let n = if single { 1 } else { len.div_ceil(SEGMENT_BYTES).max(1) };
-    let step = if single { len } else { SEGMENT_BYTES };
-    (0..n).map(move |i| (i * step, (len - i * step).min(step.max(1)), single))
+/// (offset, length) of the frames a transfer of `len` bytes is cut into. Both ends
+/// compute the same cut from the length alone; each frame then goes as data or, the
+/// sender's choice, as a rendezvous, which the receiver sees from its kind. A
+/// zero-length transfer is one empty frame (barrier messages).
+fn frames(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = len.div_ceil(SEGMENT_BYTES).max(1);
+    (0..n).map(move |i| (i * SEGMENT_BYTES, (len - i * SEGMENT_BYTES).min(SEGMENT_BYTES)))
 }
 
 fn local_copy(bufs: &mut Buffers, src: &Region, dst: &Region) -> Result<()> {
@@ -511,9 +583,9 @@ fn progress_send(ch: &mut Channel, q: &mut VecDeque<OutMsg>, call: &CallInfo) ->
     }
     while let Some(m) = q.front_mut() {
         let payload = m.payload();
-        let total = HEADER_LEN + payload.len();
-        let (a, b) = split_frame(&m.hdr, payload, m.sent);
-        let n = ch.link.try_write(&[a, b])?;
+        let pad = padding(m.kind, payload.len());
+        let total = HEADER_LEN + payload.len() + pad;
+        let n = ch.link.try_write(&frame_parts(&m.hdr, payload, pad, m.sent))?;
         if n == 0 {
             break;
         }
@@ -581,6 +653,18 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                     }
                 };
             }
+            Rx::Pad { left } => {
+                let mut sink = [0u8; PAYLOAD_ALIGN];
+                let n = ch.link.try_read(&mut sink[..*left]).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+                if n == 0 {
+                    return Ok(progressed);
+                }
+                progressed = true;
+                *left -= n;
+                if *left == 0 {
+                    ch.rx = Rx::Header { have: 0 };
+                }
+            }
             Rx::Reason { want, buf } => {
                 let mut tmp = [0u8; 4096];
                 let take = (*want - buf.len()).min(tmp.len());
@@ -599,7 +683,9 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                 }
                 progressed = true;
             }
-            Rx::Ready(h) => {
+            Rx::Ready(ready) => {
+                // A copy, so the arm can hand `ch` to helpers.
+                let h = &{ *ready };
                 let Some(m) = q.front_mut() else { return Ok(progressed) };
                 if !m.started {
                     // A rendezvous payload is a descriptor of DESC_FIXED..=DESC_MAX bytes.
@@ -609,6 +695,10 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                         m.len
                     };
                     check_header(h, wire_len, peer, call)?;
+                    if h.kind == FrameKind::Rendezvous && ch.single_copy == SingleCopy::Never {
+                        let detail = "rendezvous frame on a link that cannot read peer memory".to_string();
+                        return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
+                    }
                     m.started = true;
                 }
                 if h.kind == FrameKind::Rendezvous {
@@ -623,11 +713,20 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                     pull_from_peer(ch, m, peer, call)?;
                     ch.acks_owed += 1;
                     q.pop_front();
-                    ch.rx = Rx::Header { have: 0 };
+                    ch.rx = after_payload(h);
                     progressed = true;
                     continue;
                 }
-                if m.got < m.len {
+                if m.got < m.len && ch.peek && (m.src.is_some() || m.stream) {
+                    progressed |= if m.src.is_some() {
+                        reduce_from_link(ch, m, peer, call)?
+                    } else {
+                        stream_from_link(ch, m, peer, call)?
+                    };
+                    if m.got < m.len {
+                        return Ok(progressed);
+                    }
+                } else if m.got < m.len {
                     let n = match m.src {
                         None => {
                             // SAFETY: dst..dst+len is inside a live buffer region.
@@ -653,11 +752,20 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                 }
                 if m.got == m.len {
                     q.pop_front();
-                    ch.rx = Rx::Header { have: 0 };
+                    ch.rx = after_payload(h);
                     progressed = true;
                 }
             }
         }
+    }
+}
+
+/// The receive state after the payload of the frame `h`: its padding, if any, then
+/// the next header.
+fn after_payload(h: &Header) -> Rx {
+    match padding(h.kind, h.len as usize) {
+        0 => Rx::Header { have: 0 },
+        left => Rx::Pad { left },
     }
 }
 
@@ -674,25 +782,90 @@ fn reduce_arrived(ch: &mut Channel, m: &mut InMsg, call: &CallInfo) -> Result<()
     if hi == lo {
         return Ok(());
     }
-    let inc = &ch.staging[lo..hi];
+    combine_at(m.dst, src, lo, &ch.staging[lo..hi], call)?;
+    m.reduced = hi;
+    Ok(())
+}
+
+/// Reduce what the link holds of a receive-reduce segment straight out of the
+/// link's buffer (a shared ring), with no staging copy. Returns whether any byte
+/// was taken.
+fn reduce_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
+    let Some(src) = m.src else { return Ok(false) };
+    let esz = call.dtype.size();
+    let mut progressed = false;
+    while m.got < m.len {
+        // In grains, so the ring space goes back to the writer while the rest is reduced.
+        let want = (m.len - m.got - m.carry_len).min(REDUCE_GRAIN);
+        let s = ch.link.peek(want).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+        if s.is_empty() {
+            break;
+        }
+        progressed = true;
+        if m.carry_len > 0 || s.len() < esz {
+            // An element split by the end of the ring's data area: gather it first.
+            let take = (esz - m.carry_len).min(s.len());
+            m.carry[m.carry_len..m.carry_len + take].copy_from_slice(&s[..take]);
+            ch.link.consume(take);
+            m.carry_len += take;
+            if m.carry_len == esz {
+                combine_at(m.dst, src, m.got, &m.carry[..esz], call)?;
+                m.got += esz;
+                m.carry_len = 0;
+            }
+            continue;
+        }
+        let n = s.len() / esz * esz;
+        combine_at(m.dst, src, m.got, &s[..n], call)?;
+        ch.link.consume(n);
+        m.got += n;
+    }
+    m.reduced = m.got;
+    Ok(progressed)
+}
+
+/// Copy what the link holds of a long plain receive into place with non-temporal
+/// stores. Returns whether any byte was taken.
+fn stream_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
+    let mut progressed = false;
+    while m.got < m.len {
+        let s =
+            ch.link.peek((m.len - m.got).min(REDUCE_GRAIN)).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+        if s.is_empty() {
+            break;
+        }
+        let n = s.len();
+        // SAFETY: [got, got + n) lies inside the segment's destination, a live buffer
+        // region that the ring does not overlap.
+        let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), n) };
+        reduce::copy_nontemporal(dst, s);
+        ch.link.consume(n);
+        m.got += n;
+        progressed = true;
+    }
+    Ok(progressed)
+}
+
+/// `dst[lo..] = src[lo..] ⊕ inc` for `inc.len()` bytes of a receive-reduce segment.
+fn combine_at(dst: *mut u8, src: *const u8, lo: usize, inc: &[u8], call: &CallInfo) -> Result<()> {
     let op = call.reduce_op.combiner();
-    // SAFETY: [lo, hi) lies inside the segment's dst/src ranges; src is either the
-    // same memory as dst or disjoint from it (checked when queued).
+    let len = inc.len();
+    // SAFETY: the callers pass [lo, lo + len) inside the segment's dst/src ranges;
+    // src is either the same memory as dst or disjoint from it (checked when queued),
+    // and `inc` (staging or a ring) overlaps neither.
     unsafe {
-        if std::ptr::eq(src, m.dst) {
-            reduce::reduce_inplace(call.dtype, op, std::slice::from_raw_parts_mut(m.dst.add(lo), hi - lo), inc)?;
+        if std::ptr::eq(src, dst) {
+            reduce::reduce_inplace(call.dtype, op, std::slice::from_raw_parts_mut(dst.add(lo), len), inc)
         } else {
             reduce::reduce_into(
                 call.dtype,
                 op,
-                std::slice::from_raw_parts_mut(m.dst.add(lo), hi - lo),
-                std::slice::from_raw_parts(src.add(lo), hi - lo),
+                std::slice::from_raw_parts_mut(dst.add(lo), len),
+                std::slice::from_raw_parts(src.add(lo), len),
                 inc,
-            )?;
+            )
         }
     }
-    m.reduced = hi;
-    Ok(())
 }
 
 fn check_header(h: &Header, want_len: usize, peer: usize, call: &CallInfo) -> Result<()> {

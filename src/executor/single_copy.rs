@@ -34,7 +34,7 @@ pub(super) fn describe(data: *const u8, len: usize) -> ([u8; DESC_MAX], usize) {
 }
 
 /// The single-copy threshold: [`RENDEZVOUS_BYTES`], or `BRAID_RENDEZVOUS_BYTES`
-/// (every rank must agree; a disagreement is a protocol error, not corruption).
+/// (the sender's value decides each transfer; receivers follow each frame's kind).
 pub(super) fn rendezvous_bytes() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
@@ -43,6 +43,15 @@ pub(super) fn rendezvous_bytes() -> usize {
             .and_then(|v| crate::config::parse_size(&v).ok())
             .unwrap_or(RENDEZVOUS_BYTES)
     })
+}
+
+/// Whether plain (unregistered) buffers between processes of a host go single-copy
+/// through `process_vm_readv`: only with `BRAID_CMA=1`. Off by default because
+/// the shared ring measured faster at every size on the 2-core VM (pinning each
+/// 4 KiB page costs more than the ring's extra copy through cache).
+pub(super) fn cma_for_plain_buffers() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("BRAID_CMA").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on")))
 }
 
 /// Single copy: read a rendezvous transfer straight from the peer's memory —
@@ -59,9 +68,11 @@ pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call:
     if name_len > 0 {
         let name = String::from_utf8_lossy(&m.desc[DESC_FIXED..DESC_FIXED + name_len]).into_owned();
         if pull_registered(ch, m, &name, offset, call)? {
+            tracing::trace!(peer, bytes = len, "single copy from the peer's registered segment {name}");
             return Ok(());
         }
     }
+    tracing::trace!(peer, bytes = len, "single copy through the link ({})", ch.link.kind());
     let lost = |e: io::Error| Error::PeerLost {
         ctx: call.ctx.clone(),
         peer,

@@ -63,6 +63,21 @@ impl Link for LoopbackLink {
         Ok(n)
     }
 
+    fn can_peek(&self) -> bool {
+        true
+    }
+
+    fn peek(&mut self, max: usize) -> io::Result<&[u8]> {
+        if self.rx.is_empty() && max > 0 && self.rx.is_writer_closed() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer thread closed its link"));
+        }
+        Ok(self.rx.peek(max))
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.rx.consume(n);
+    }
+
     fn poll_fd(&self) -> Option<RawFd> {
         None
     }

@@ -75,6 +75,24 @@ pub trait Link: Send {
     /// Stop sending: the peer reads end-of-stream after the bytes already written.
     fn close(&mut self);
 
+    /// Whether [`Link::peek`] works on this link.
+    fn can_peek(&self) -> bool {
+        false
+    }
+
+    /// Zero-copy receive: up to `max` buffered bytes as one contiguous slice, left in
+    /// the stream until [`Link::consume`]. `Ok` of an empty slice and errors mean what
+    /// they mean for [`Link::try_read`]. Only called when `can_peek` is true.
+    fn peek(&mut self, max: usize) -> io::Result<&[u8]> {
+        let _ = max;
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this link has no zero-copy receive"))
+    }
+
+    /// Drop the first `n` bytes of what [`Link::peek`] showed.
+    fn consume(&mut self, n: usize) {
+        let _ = n;
+    }
+
     /// Whether [`Link::read_peer`] works on this link (probed when it was set up).
     /// Both ends of a link must answer the same, since it decides the framing.
     fn can_read_peer(&self) -> bool {

@@ -247,16 +247,41 @@ impl RingReader {
         let mut done = 0;
         while done < n {
             let at = (tail.wrapping_add(done as u64) % cap as u64) as usize;
-            let run = (n - done).min(cap - at);
+            // Hand space back every PUBLISH_BYTES so the writer refills the ring while
+            // a long read is still copying out of it.
+            let run = (n - done).min(cap - at).min(PUBLISH_BYTES);
             // SAFETY: [at, at+run) lies inside the data area, in its filled part,
             // which the writer leaves alone until `tail` is published.
             unsafe { std::ptr::copy_nonoverlapping(v.data.as_ptr().add(at), out.as_mut_ptr().add(done), run) };
             done += run;
-        }
-        if n > 0 {
-            hdr.tail.0.store(tail.wrapping_add(n as u64), Ordering::Release);
+            hdr.tail.0.store(tail.wrapping_add(done as u64), Ordering::Release);
         }
         n
+    }
+
+    /// The oldest buffered bytes that lie contiguously in the data area (at most
+    /// `max`), left in the ring until [`RingReader::consume`]: lets a receiver reduce
+    /// straight out of the ring instead of copying into a staging buffer first.
+    pub fn peek(&self, max: usize) -> &[u8] {
+        let v = &self.0;
+        let hdr = v.hdr();
+        let tail = hdr.tail.0.load(Ordering::Relaxed);
+        let head = hdr.head.0.load(Ordering::Acquire);
+        let at = (tail % v.cap as u64) as usize;
+        // Clamped like `read`, so a corrupt peer cannot widen the slice.
+        let n = (head.wrapping_sub(tail).min(v.cap as u64) as usize).min(max).min(v.cap - at);
+        // SAFETY: [at, at+n) lies inside the data area, in its filled part, which the
+        // writer leaves alone until `tail` moves past it (only `consume`, which takes
+        // `&mut self` and so ends this borrow, moves it).
+        unsafe { std::slice::from_raw_parts(v.data.as_ptr().add(at), n) }
+    }
+
+    /// Release the first `n` bytes shown by [`RingReader::peek`] to the writer.
+    pub fn consume(&mut self, n: usize) {
+        let hdr = self.0.hdr();
+        let tail = hdr.tail.0.load(Ordering::Relaxed);
+        let n = n.min(self.available());
+        hdr.tail.0.store(tail.wrapping_add(n as u64), Ordering::Release);
     }
 
     /// Bytes buffered now.
@@ -352,6 +377,24 @@ mod tests {
         assert_eq!(r.read(&mut out), 10);
         assert_eq!(&out[..10], b"hijklmnopq");
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn peek_shows_contiguous_bytes_until_consumed() {
+        let (mut w, mut r) = heap_ring(10);
+        assert_eq!(r.peek(100), b"");
+        assert_eq!(w.write(&[b"abcdefgh"]), 8);
+        assert_eq!(r.peek(3), b"abc");
+        r.consume(6);
+        assert_eq!(w.write(&[b"ijklmn"]), 6);
+        // The filled part wraps: a peek stops at the end of the data area.
+        assert_eq!(r.peek(100), b"ghij");
+        r.consume(4);
+        assert_eq!(r.peek(100), b"klmn");
+        // Consuming more than is buffered releases only what is there.
+        r.consume(100);
+        assert!(r.is_empty());
+        assert_eq!(w.free(), 10);
     }
 
     #[test]
