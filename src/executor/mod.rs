@@ -25,10 +25,12 @@ use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
 use crate::registered::PeerSegment;
 
+mod inbound;
 mod single_copy;
 use crate::transport::Link;
 use crate::types::{CallSig, DType, ReduceOp};
-use single_copy::{cma_for_plain_buffers, describe, pull_from_peer, rendezvous_bytes, DESC_FIXED, DESC_MAX};
+use inbound::{reduce_arrived, reduce_from_link, stream_from_link};
+use single_copy::{describe, pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
 
 /// Largest payload of one frame. Long transfers are cut into segments of this size
 /// so a receiver can reduce one while the next is in flight.
@@ -64,44 +66,6 @@ impl WaitPolicy {
     pub fn for_ranks(local_ranks: usize) -> WaitPolicy {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         WaitPolicy { spin: Duration::from_micros(200), yield_while_spinning: local_ranks > cores }
-    }
-}
-
-/// Which transfers of at least [`rendezvous_bytes`] go single-copy on a link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SingleCopy {
-    /// The link cannot read peer memory: every byte goes through it.
-    Never,
-    /// Only data in registered buffers: the peer maps the segment and reads it with
-    /// no system call. Plain buffers between processes go through the shared ring,
-    /// which measured faster here than `process_vm_readv` at every size (pinning
-    /// pages costs more than the ring's extra copy; see `results/`).
-    Registered,
-    /// Everything (threads of one process: a plain copy from the peer's buffer;
-    /// or `BRAID_CMA=1` for `process_vm_readv` between processes).
-    Always,
-}
-
-impl SingleCopy {
-    fn for_link(link: &dyn Link) -> SingleCopy {
-        if !link.can_read_peer() {
-            SingleCopy::Never
-        } else if link.kind() == crate::transport::TransportKind::Shm && !cma_for_plain_buffers() {
-            SingleCopy::Registered
-        } else {
-            SingleCopy::Always
-        }
-    }
-
-    /// Whether the frame of `len` bytes at `data`, part of a transfer of `total`
-    /// bytes, goes as a rendezvous.
-    fn applies(self, data: *const u8, len: usize, total: usize) -> bool {
-        total >= rendezvous_bytes()
-            && match self {
-                SingleCopy::Never => false,
-                SingleCopy::Always => true,
-                SingleCopy::Registered => crate::registered::lookup(data as usize, len).is_some(),
-            }
     }
 }
 
@@ -766,105 +730,6 @@ fn after_payload(h: &Header) -> Rx {
     match padding(h.kind, h.len as usize) {
         0 => Rx::Header { have: 0 },
         left => Rx::Pad { left },
-    }
-}
-
-/// Reduce what has arrived of a receive-reduce segment, in grains, so reduction
-/// overlaps the rest of the transfer.
-fn reduce_arrived(ch: &mut Channel, m: &mut InMsg, call: &CallInfo) -> Result<()> {
-    let Some(src) = m.src else { return Ok(()) };
-    let esz = call.dtype.size();
-    let ready = if m.got == m.len { m.len } else { (m.got / esz) * esz };
-    if ready - m.reduced < REDUCE_GRAIN && ready < m.len {
-        return Ok(());
-    }
-    let (lo, hi) = (m.reduced, ready);
-    if hi == lo {
-        return Ok(());
-    }
-    combine_at(m.dst, src, lo, &ch.staging[lo..hi], call)?;
-    m.reduced = hi;
-    Ok(())
-}
-
-/// Reduce what the link holds of a receive-reduce segment straight out of the
-/// link's buffer (a shared ring), with no staging copy. Returns whether any byte
-/// was taken.
-fn reduce_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
-    let Some(src) = m.src else { return Ok(false) };
-    let esz = call.dtype.size();
-    let mut progressed = false;
-    while m.got < m.len {
-        // In grains, so the ring space goes back to the writer while the rest is reduced.
-        let want = (m.len - m.got - m.carry_len).min(REDUCE_GRAIN);
-        let s = ch.link.peek(want).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
-        if s.is_empty() {
-            break;
-        }
-        progressed = true;
-        if m.carry_len > 0 || s.len() < esz {
-            // An element split by the end of the ring's data area: gather it first.
-            let take = (esz - m.carry_len).min(s.len());
-            m.carry[m.carry_len..m.carry_len + take].copy_from_slice(&s[..take]);
-            ch.link.consume(take);
-            m.carry_len += take;
-            if m.carry_len == esz {
-                combine_at(m.dst, src, m.got, &m.carry[..esz], call)?;
-                m.got += esz;
-                m.carry_len = 0;
-            }
-            continue;
-        }
-        let n = s.len() / esz * esz;
-        combine_at(m.dst, src, m.got, &s[..n], call)?;
-        ch.link.consume(n);
-        m.got += n;
-    }
-    m.reduced = m.got;
-    Ok(progressed)
-}
-
-/// Copy what the link holds of a long plain receive into place with non-temporal
-/// stores. Returns whether any byte was taken.
-fn stream_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
-    let mut progressed = false;
-    while m.got < m.len {
-        let s =
-            ch.link.peek((m.len - m.got).min(REDUCE_GRAIN)).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
-        if s.is_empty() {
-            break;
-        }
-        let n = s.len();
-        // SAFETY: [got, got + n) lies inside the segment's destination, a live buffer
-        // region that the ring does not overlap.
-        let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), n) };
-        reduce::copy_nontemporal(dst, s);
-        ch.link.consume(n);
-        m.got += n;
-        progressed = true;
-    }
-    Ok(progressed)
-}
-
-/// `dst[lo..] = src[lo..] ⊕ inc` for `inc.len()` bytes of a receive-reduce segment.
-fn combine_at(dst: *mut u8, src: *const u8, lo: usize, inc: &[u8], call: &CallInfo) -> Result<()> {
-    let op = call.reduce_op.combiner();
-    let len = inc.len();
-    // SAFETY: the callers pass [lo, lo + len) inside the segment's dst/src ranges;
-    // src is either the same memory as dst or disjoint from it (checked when queued),
-    // and `inc` (staging or a ring) overlaps neither.
-    unsafe {
-        if std::ptr::eq(src, dst) {
-            reduce::reduce_inplace(call.dtype, op, std::slice::from_raw_parts_mut(dst.add(lo), len), inc)
-        } else {
-            reduce::reduce_into(
-                call.dtype,
-                op,
-                std::slice::from_raw_parts_mut(dst.add(lo), len),
-                std::slice::from_raw_parts(src.add(lo), len),
-                inc,
-            )
-        }
     }
 }
 

@@ -9,6 +9,7 @@ use super::{CallInfo, Channel, InMsg, RENDEZVOUS_BYTES, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::registered::{self, PeerSegment};
+use crate::transport::{Link, TransportKind};
 
 /// Single-copy reductions read the peer's data in chunks of this size, then reduce
 /// each chunk while it is still in cache. Measured on the 2-core VM (2 ranks): 1 MiB
@@ -19,6 +20,44 @@ const PEER_CHUNK: usize = 1 << 20;
 /// u64, name length u8, then the segment's name (empty: not registered).
 pub(super) const DESC_FIXED: usize = 25;
 pub(super) const DESC_MAX: usize = DESC_FIXED + registered::MAX_NAME;
+
+/// Which transfers of at least [`rendezvous_bytes`] go single-copy on a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SingleCopy {
+    /// The link cannot read peer memory: every byte goes through it.
+    Never,
+    /// Only data in registered buffers: the peer maps the segment and reads it with
+    /// no system call. Plain buffers between processes go through the shared ring,
+    /// which measured faster here than `process_vm_readv` at every size (pinning
+    /// pages costs more than the ring's extra copy; see `results/`).
+    Registered,
+    /// Everything (threads of one process: a plain copy from the peer's buffer;
+    /// or `BRAID_CMA=1` for `process_vm_readv` between processes).
+    Always,
+}
+
+impl SingleCopy {
+    pub(super) fn for_link(link: &dyn Link) -> SingleCopy {
+        if !link.can_read_peer() {
+            SingleCopy::Never
+        } else if link.kind() == TransportKind::Shm && !cma_for_plain_buffers() {
+            SingleCopy::Registered
+        } else {
+            SingleCopy::Always
+        }
+    }
+
+    /// Whether the frame of `len` bytes at `data`, part of a transfer of `total`
+    /// bytes, goes as a rendezvous.
+    pub(super) fn applies(self, data: *const u8, len: usize, total: usize) -> bool {
+        total >= rendezvous_bytes()
+            && match self {
+                SingleCopy::Never => false,
+                SingleCopy::Always => true,
+                SingleCopy::Registered => crate::registered::lookup(data as usize, len).is_some(),
+            }
+    }
+}
 
 /// The rendezvous payload for `len` bytes at `data`, naming the registered segment
 /// that holds them, if any.
