@@ -11,8 +11,12 @@
 //!    aliasing the executor applies: every element holds its origin index and the
 //!    set of ranks whose inputs were combined into it. Within each round the local
 //!    steps run in order, then the transfers, which must not touch bytes that another
-//!    transfer of the round writes; sends and receives of each ordered pair of ranks
-//!    must match one to one, in order and length, within the round; a reduction must
+//!    transfer of the round writes — except a receive into exactly the bytes a send
+//!    to the same peer reads, when what it receives is that peer's forward
+//!    ([`Step::RecvReduceSend`]) of that very send (causally after it); sends,
+//!    forwards and receives of each ordered pair of ranks must match one to one, in
+//!    order and length, within the round (a forward exists once its receive-reduce
+//!    has run, so a cycle of forwards is reported); a reduction must
 //!    combine the same element of disjoint rank sets. At the end each rank's Output
 //!    must hold exactly what the op defines (for barrier: every rank has heard,
 //!    transitively, from every other).
@@ -235,6 +239,15 @@ struct Msg<S> {
     vals: Vec<Val<S>>,
     heard: S,
     step: usize,
+    /// For a forward: the (sender, step) of the message its receive-reduce took.
+    fwd_of: Option<(usize, usize)>,
+}
+
+/// A place in a pair's message order: filled from the start for a send, when its
+/// receive-reduce has run for a forward.
+struct Slot<S> {
+    step: usize,
+    msg: Option<Msg<S>>,
 }
 
 /// Multiplicative hash for `(sender, receiver)` keys (SipHash showed in profiles;
@@ -255,7 +268,11 @@ impl Hasher for PairHasher {
 }
 
 /// Messages in flight in one round, per `(sender, receiver)`, in send order.
-type Queues<S> = HashMap<(usize, usize), VecDeque<Msg<S>>, BuildHasherDefault<PairHasher>>;
+/// `matched[r][s]` for receive step `s` of rank `r`: None until it took a message,
+/// then that message's forward origin ([`Msg::fwd_of`]).
+type Matched = Vec<Vec<Option<Option<(usize, usize)>>>>;
+
+type Queues<S> = HashMap<(usize, usize), VecDeque<Slot<S>>, BuildHasherDefault<PairHasher>>;
 
 struct Checker<'a> {
     op: OpKind,
@@ -360,10 +377,16 @@ impl Checker<'_> {
         let (reads, writes): (Vec<&Region>, Vec<&Region>) = match step {
             Step::Send { src, .. } => (vec![src], vec![]),
             Step::Recv { dst, .. } => (vec![], vec![dst]),
-            Step::RecvReduce { src, dst, .. } | Step::Reduce { src, dst } | Step::Copy { src, dst } => {
-                (vec![src], vec![dst])
-            }
+            Step::RecvReduce { src, dst, .. }
+            | Step::RecvReduceSend { src, dst, .. }
+            | Step::Reduce { src, dst }
+            | Step::Copy { src, dst } => (vec![src], vec![dst]),
         };
+        if let Step::RecvReduceSend { to, .. } = *step {
+            if to >= self.world || to == rank {
+                return Err(format!("forward to invalid peer {to}"));
+            }
+        }
         for r in reads.iter().chain(&writes) {
             self.check_region(rank, r)?;
         }
@@ -444,66 +467,133 @@ impl Checker<'_> {
                         .map_err(|e| format!("{}: {e}", self.at(r, t, s, in_place)))?;
                 }
             }
-            // Then the transfers, concurrently: first prove they do not race...
+            // Then the transfers, concurrently: first prove they do not race (the
+            // one overlap allowed, a receive into exactly the bytes a send to the same
+            // peer reads, is proven causal once the messages are matched)...
             for (r, lay) in lays.iter().enumerate() {
-                self.check_hazards(lay, &round(r).steps)
+                let steps = &round(r).steps;
+                self.check_hazards(lay, steps, |a, b| self.same_peer_same_bytes(lay, steps, a, b))
                     .map_err(|(s, e)| format!("{}: {e}", self.at(r, t, s, in_place)))?;
             }
-            // ...then every send reads its bytes and every receive consumes, in order,
-            // the messages its peer sent it in this very round.
+            // ...then run them. Every send's message holds the bytes
+            // at the start of the round; a forward's is made when its receive-reduce
+            // has run. Receives take, in order, what their peer sent them in this
+            // very round, as soon as it exists.
             let mut queues: Queues<S> = HashMap::default();
             for r in 0..n {
                 for (s, step) in round(r).steps.iter().enumerate() {
-                    if let Step::Send { peer, src } = step {
-                        let vals = self.read(&lays[r], &mem[r], src);
-                        queues.entry((r, *peer)).or_default().push_back(Msg { vals, heard: heard[r].clone(), step: s });
+                    match step {
+                        Step::Send { peer, src } => {
+                            let vals = self.read(&lays[r], &mem[r], src);
+                            let msg = Msg { vals, heard: heard[r].clone(), step: s, fwd_of: None };
+                            queues.entry((r, *peer)).or_default().push_back(Slot { step: s, msg: Some(msg) });
+                        }
+                        Step::RecvReduceSend { to, .. } => {
+                            queues.entry((r, *to)).or_default().push_back(Slot { step: s, msg: None })
+                        }
+                        _ => {}
                     }
                 }
             }
-            for r in 0..n {
-                for (s, step) in round(r).steps.iter().enumerate() {
-                    let (peer, src, dst) = match step {
-                        Step::Recv { peer, dst } => (*peer, None, dst),
-                        Step::RecvReduce { peer, src, dst } => (*peer, Some(src), dst),
-                        _ => continue,
-                    };
-                    let at = || self.at(r, t, s, in_place);
-                    let msg = queues.get_mut(&(peer, r)).and_then(|q| q.pop_front()).ok_or_else(|| {
-                        format!(
-                            "{}: receives {} bytes from rank {peer}, which sends it no (further) message in round {t}",
-                            at(),
-                            dst.len
-                        )
-                    })?;
-                    if msg.vals.len() * self.es != dst.len {
-                        return Err(format!(
-                            "{}: receives {} bytes from rank {peer}, whose step {} sends {}",
-                            at(),
-                            dst.len,
-                            msg.step,
-                            msg.vals.len() * self.es
-                        ));
-                    }
-                    heard[r].union(&msg.heard);
-                    match src {
-                        None => self.write(&lays[r], &mut mem[r], dst, msg.vals),
-                        Some(src) => {
-                            let ours = self.read(&lays[r], &mem[r], src);
-                            self.reduce_into(&lays[r], &mut mem[r], dst, &ours, &msg.vals)
-                                .map_err(|e| format!("{}: {e}", at()))?;
+            let mut matched: Matched = (0..n).map(|r| vec![None; round(r).steps.len()]).collect();
+            loop {
+                let mut progressed = false;
+                for r in 0..n {
+                    let mut blocked = vec![false; n];
+                    for (s, step) in round(r).steps.iter().enumerate() {
+                        let (peer, src, dst, to) = match step {
+                            Step::Recv { peer, dst } => (*peer, None, dst, None),
+                            Step::RecvReduce { peer, src, dst } => (*peer, Some(src), dst, None),
+                            Step::RecvReduceSend { peer, src, dst, to } => (*peer, Some(src), dst, Some(*to)),
+                            _ => continue,
+                        };
+                        if matched[r][s].is_some() || blocked[peer] {
+                            continue;
                         }
+                        let ready = queues.get(&(peer, r)).and_then(|q| q.front()).is_some_and(|x| x.msg.is_some());
+                        if !ready {
+                            blocked[peer] = true;
+                            continue;
+                        }
+                        let msg = queues.get_mut(&(peer, r)).and_then(|q| q.pop_front()).and_then(|x| x.msg).unwrap();
+                        let at = || self.at(r, t, s, in_place);
+                        if msg.vals.len() * self.es != dst.len {
+                            return Err(format!(
+                                "{}: receives {} bytes from rank {peer}, whose step {} sends {}",
+                                at(),
+                                dst.len,
+                                msg.step,
+                                msg.vals.len() * self.es
+                            ));
+                        }
+                        heard[r].union(&msg.heard);
+                        matched[r][s] = Some(msg.fwd_of);
+                        progressed = true;
+                        match src {
+                            None => self.write(&lays[r], &mut mem[r], dst, msg.vals),
+                            Some(src) => {
+                                let ours = self.read(&lays[r], &mem[r], src);
+                                self.reduce_into(&lays[r], &mut mem[r], dst, &ours, &msg.vals)
+                                    .map_err(|e| format!("{}: {e}", at()))?;
+                            }
+                        }
+                        if let Some(to) = to {
+                            let vals = self.read(&lays[r], &mem[r], dst);
+                            let fwd = Msg { vals, heard: heard[r].clone(), step: s, fwd_of: Some((peer, msg.step)) };
+                            let q = queues.get_mut(&(r, to)).expect("forward slot queued above");
+                            q.iter_mut().find(|x| x.step == s).expect("forward slot").msg = Some(fwd);
+                        }
+                    }
+                }
+                if !progressed {
+                    break;
+                }
+            }
+            for (r, done) in matched.iter().enumerate() {
+                for (s, step) in round(r).steps.iter().enumerate() {
+                    let (Step::Recv { peer, dst }
+                    | Step::RecvReduce { peer, dst, .. }
+                    | Step::RecvReduceSend { peer, dst, .. }) = step
+                    else {
+                        continue;
+                    };
+                    if done[s].is_none() {
+                        let what = if queues.get(&(*peer, r)).is_some_and(|q| !q.is_empty()) {
+                            "whose next message to it is a forward that cannot be made (a cycle)"
+                        } else {
+                            "which sends it no (further) message"
+                        };
+                        return Err(format!(
+                            "{}: receives {} bytes from rank {peer}, {what} in round {t}",
+                            self.at(r, t, s, in_place),
+                            dst.len
+                        ));
                     }
                 }
             }
             let mut left: Vec<_> = queues.iter().filter(|(_, q)| !q.is_empty()).collect();
             left.sort_by_key(|(k, _)| **k);
             if let Some(((from, to), q)) = left.first() {
-                let msg = &q[0];
+                let slot = &q[0];
+                let len = slot.msg.as_ref().map(|m| m.vals.len() * self.es).unwrap_or(0);
                 return Err(format!(
-                    "{}: sends {} bytes to rank {to}, which does not receive them in round {t}",
-                    self.at(*from, t, msg.step, in_place),
-                    msg.vals.len() * self.es
+                    "{}: sends {len} bytes to rank {to}, which does not receive them in round {t}",
+                    self.at(*from, t, slot.step, in_place),
                 ));
+            }
+            // The allowed overlap is safe only if what arrives is the peer's forward
+            // of that very send: the peer makes it only after taking the bytes.
+            for (r, lay) in lays.iter().enumerate() {
+                let steps = &round(r).steps;
+                for (send, recv) in (0..steps.len()).flat_map(|a| (0..steps.len()).map(move |b| (a, b))) {
+                    if self.same_peer_same_bytes(lay, steps, send, recv) && matched[r][recv] != Some(Some((r, send))) {
+                        return Err(format!(
+                            "{}: receives into the bytes step {send} sends to the same peer, but not the peer's \
+                             forward of them (races with step {send})",
+                            self.at(r, t, recv, in_place)
+                        ));
+                    }
+                }
             }
         }
         self.check_result(&lays, &mem, &heard, in_place)
@@ -563,17 +653,33 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// Whether step `send` sends, and step `recv` receives, exactly the same non-empty
+    /// bytes with the same peer.
+    fn same_peer_same_bytes(&self, lay: &Layout, steps: &[Step], send: usize, recv: usize) -> bool {
+        match (steps[send], steps[recv]) {
+            (Step::Send { peer: a, src }, Step::Recv { peer: b, dst }) => {
+                a == b && src.len > 0 && self.span(lay, &src) == self.span(lay, &dst)
+            }
+            _ => false,
+        }
+    }
+
     /// No transfer of a round may read or write bytes that another transfer of the
     /// same round writes (they run concurrently). A RecvReduce may read and write the
     /// same bytes itself, or entirely separate ones.
-    fn check_hazards(&self, lay: &Layout, steps: &[Step]) -> Result<(), (usize, String)> {
+    fn check_hazards(
+        &self,
+        lay: &Layout,
+        steps: &[Step],
+        causal: impl Fn(usize, usize) -> bool,
+    ) -> Result<(), (usize, String)> {
         // (step index, bytes read, bytes written): a transfer touches at most one of each.
         let mut acc: Vec<(usize, Option<Span>, Option<Span>)> = Vec::new();
         for (s, step) in steps.iter().enumerate() {
             let (read, write) = match step {
                 Step::Send { src, .. } => (Some(self.span(lay, src)), None),
                 Step::Recv { dst, .. } => (None, Some(self.span(lay, dst))),
-                Step::RecvReduce { src, dst, .. } => {
+                Step::RecvReduce { src, dst, .. } | Step::RecvReduceSend { src, dst, .. } => {
                     let (a, b) = (self.span(lay, src), self.span(lay, dst));
                     if a.overlaps(&b) && a != b {
                         return Err((s, format!("receive-reduce operands {src:?} and {dst:?} partially overlap")));
@@ -587,7 +693,7 @@ impl Checker<'_> {
         for (i, (s, _, write)) in acc.iter().enumerate() {
             let Some(w) = write else { continue };
             for (s2, read2, write2) in acc.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, x)| x) {
-                if read2.iter().chain(write2).any(|x| x.overlaps(w)) {
+                if read2.iter().chain(write2).any(|x| x.overlaps(w)) && !causal(*s2, *s) {
                     return Err((
                         *s2.max(s),
                         format!("races with step {} of the same round (it writes bytes this one touches)", s2.min(s)),

@@ -154,6 +154,11 @@ impl Builder {
         self.push(t, Step::RecvReduce { peer, src, dst });
     }
 
+    /// Add a `RecvReduceSend` (`dst = src ⊕ received`, then `dst` on to `to`).
+    pub(super) fn recv_reduce_send(&mut self, t: usize, peer: usize, src: Region, dst: Region, to: usize) {
+        self.push(t, Step::RecvReduceSend { peer, src, dst, to });
+    }
+
     /// The finished schedule. `finalize` regions of length zero are dropped.
     pub(super) fn finish(mut self, algorithm: Algorithm, scratch_bytes: usize, finalize: Vec<Region>) -> Schedule {
         for r in &mut self.rounds {
@@ -176,8 +181,10 @@ impl Builder {
 fn step_len(s: &Step) -> usize {
     match s {
         Step::Send { src, .. } => src.len,
-        Step::Recv { dst, .. } | Step::RecvReduce { dst, .. } | Step::Reduce { dst, .. } | Step::Copy { dst, .. } => {
-            dst.len
-        }
+        Step::Recv { dst, .. }
+        | Step::RecvReduce { dst, .. }
+        | Step::RecvReduceSend { dst, .. }
+        | Step::Reduce { dst, .. }
+        | Step::Copy { dst, .. } => dst.len,
     }
 }

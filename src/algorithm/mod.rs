@@ -92,6 +92,20 @@ pub enum Step {
         /// Result.
         dst: Region,
     },
+    /// [`Step::RecvReduce`] from `peer`, and every finished byte of `dst` goes on to
+    /// `to` within the same round (NCCL's recvReduceSend): the result leaves while
+    /// it is still in cache, and the next hop starts before this one has finished.
+    /// The receiver takes it in the same round, after this rank's earlier sends to it.
+    RecvReduceSend {
+        /// Source rank.
+        peer: usize,
+        /// Local operand.
+        src: Region,
+        /// Result, also what is sent.
+        dst: Region,
+        /// Rank the result goes to.
+        to: usize,
+    },
     /// `dst = dst ⊕ src` locally (same length, no overlap). Lets a planner fix the
     /// order of a reduction so every rank computes bitwise-identical results.
     Reduce {
@@ -114,7 +128,10 @@ impl Step {
     /// The peer of a transfer step, None for local steps.
     pub fn peer(&self) -> Option<usize> {
         match *self {
-            Step::Send { peer, .. } | Step::Recv { peer, .. } | Step::RecvReduce { peer, .. } => Some(peer),
+            Step::Send { peer, .. }
+            | Step::Recv { peer, .. }
+            | Step::RecvReduce { peer, .. }
+            | Step::RecvReduceSend { peer, .. } => Some(peer),
             Step::Copy { .. } | Step::Reduce { .. } => None,
         }
     }
@@ -248,7 +265,11 @@ impl Schedule {
         self.rounds
             .iter()
             .flat_map(|r| &r.steps)
-            .map(|s| if let Step::Send { src, .. } = s { src.len } else { 0 })
+            .map(|s| match s {
+                Step::Send { src, .. } => src.len,
+                Step::RecvReduceSend { dst, .. } => dst.len,
+                _ => 0,
+            })
             .sum()
     }
 }

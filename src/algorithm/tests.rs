@@ -163,7 +163,7 @@ fn ring_all_reduce_rounds_and_bytes() {
                     algorithm: Some(Algorithm::Ring),
                 };
                 let s = plan(&req).unwrap();
-                assert_eq!(s.rounds.len(), 2 * (n - 1), "n={n} count={count}");
+                assert_eq!(s.rounds.len(), 2 * n - 3, "n={n} count={count}");
                 assert_eq!(s.scratch_bytes, 0);
                 // 2(n-1)/n of the buffer, give or take one element per chunk sent.
                 let ideal = 2.0 * (n - 1) as f64 / n as f64 * (count * 4) as f64;
@@ -244,9 +244,9 @@ fn expect_err(op: OpKind, count: usize, s: &[Schedule], needle: &str) {
 #[test]
 fn catches_dropped_step() {
     let mut s = plan_all(OpKind::AllReduce, 4, 10, Algorithm::Ring);
-    let i = s[1].rounds[2].steps.iter().position(|x| matches!(x, Step::RecvReduce { .. })).unwrap();
-    s[1].rounds[2].steps.remove(i);
-    expect_err(OpKind::AllReduce, 10, &s, "does not receive them in round 2");
+    let i = s[1].rounds[1].steps.iter().position(|x| matches!(x, Step::RecvReduce { .. })).unwrap();
+    s[1].rounds[1].steps.remove(i);
+    expect_err(OpKind::AllReduce, 10, &s, "does not receive them in round 1");
 }
 
 #[test]
@@ -260,6 +260,76 @@ fn catches_duplicated_recv_reduce() {
     let mut s = plan_all(OpKind::AllReduce, 4, 10, Algorithm::Ring);
     s[2].rounds.push(Round { steps: vec![st] });
     expect_err(OpKind::AllReduce, 10, &s, "no (further) message");
+}
+
+#[test]
+fn ring_all_reduce_forwards_each_finished_chunk_in_the_same_round() {
+    for n in [2, 3, 5] {
+        let s = plan_all(OpKind::AllReduce, n, 7 * n, Algorithm::Ring);
+        for (r, sched) in s.iter().enumerate() {
+            assert_eq!(sched.rounds.len(), 2 * n - 3, "rank {r} of {n}");
+            let fwd = sched.rounds[n - 2].steps.iter().filter(|x| matches!(x, Step::RecvReduceSend { .. })).count();
+            assert_eq!(fwd, 1, "rank {r} of {n}: {:?}", sched.rounds[n - 2]);
+        }
+    }
+}
+
+#[test]
+fn catches_a_receive_racing_a_send_it_does_not_depend_on() {
+    // Two ranks in place. Rank 0 sends its chunk 0 twice (A, then B) and receives
+    // the finished chunk 0 into the same bytes. What arrives is rank 1's forward of
+    // A, so it may overwrite the bytes only once A was taken — but B, queued after
+    // A, may still be unsent: a race, although every value ends up right.
+    let (c0, c1) = (|b| Region::new(b, 0, 20), |b| Region::new(b, 20, 20));
+    let sched = |steps: Vec<Step>, scratch_bytes| Schedule {
+        algorithm: Algorithm::Ring,
+        rounds: vec![Round { steps }],
+        scratch_bytes,
+        finalize: vec![Region::new(BufId::Output, 0, 40)],
+    };
+    let (i, o) = (BufId::Input, BufId::Output);
+    let rank0 = vec![
+        Step::Send { peer: 1, src: c0(i) },
+        Step::Send { peer: 1, src: c0(i) },
+        Step::RecvReduceSend { peer: 1, src: c1(i), dst: c1(o), to: 1 },
+        Step::Recv { peer: 1, dst: c0(o) },
+    ];
+    let rank1 = vec![
+        Step::Send { peer: 0, src: c1(i) },
+        Step::RecvReduceSend { peer: 0, src: c0(i), dst: c0(o), to: 0 },
+        Step::Recv { peer: 0, dst: Region::new(BufId::Scratch, 0, 20) },
+        Step::Recv { peer: 0, dst: c1(o) },
+    ];
+    let s = vec![sched(rank0.clone(), 0), sched(rank1.clone(), 20)];
+    expect_err(OpKind::AllReduce, 10, &s, "not the peer's forward");
+    // Without the second send the same schedule is fine.
+    let mut rank0 = rank0;
+    rank0.remove(1);
+    let mut rank1 = rank1;
+    rank1.remove(2);
+    check_schedules(OpKind::AllReduce, 10, 4, 0, &[sched(rank0, 0), sched(rank1, 0)]).unwrap();
+}
+
+#[test]
+fn catches_forwards_waiting_on_each_other() {
+    // Each rank's first message to the other is a forward of what the other sends
+    // it: neither can ever be made.
+    let whole = Region::new(BufId::Output, 0, 40);
+    let input = Region::new(BufId::Input, 0, 40);
+    let s: Vec<Schedule> = (0..2)
+        .map(|r| Schedule {
+            algorithm: Algorithm::Ring,
+            rounds: vec![Round {
+                steps: vec![
+                    Step::Copy { src: input, dst: whole },
+                    Step::RecvReduceSend { peer: 1 - r, src: input, dst: whole, to: 1 - r },
+                ],
+            }],
+            scratch_bytes: 0,
+            finalize: vec![whole],
+        })
+        .collect();
+    expect_err(OpKind::AllReduce, 10, &s, "cannot be made (a cycle)");
 }
 
 #[test]

@@ -8,9 +8,16 @@
 //! spinning briefly, then blocking in `poll(2)` or sleeping — under a deadline that
 //! restarts whenever any byte moves.
 //!
+//! A [`Step::RecvReduceSend`] queues its receive-reduce and its forward together:
+//! each forwarded frame is written as far as its reduction has got (a gate per
+//! frame), so the result leaves while it is still in cache. On shared-memory and
+//! in-process links incoming data is reduced straight out of the ring
+//! ([`Link::peek`]), and long plain receives are copied out with non-temporal stores.
+//!
 //! On links that can read the peer's memory ([`Link::can_read_peer`]: shared memory
-//! between processes, threads of one process) a transfer of at least
-//! [`RENDEZVOUS_BYTES`] is sent as a *rendezvous*: a small frame with the address of
+//! between processes, threads of one process) a frame of a transfer of at least
+//! [`RENDEZVOUS_BYTES`] may be sent as a *rendezvous* — between processes only
+//! from registered buffers, unless `BRAID_CMA=1` — a small frame with the address of
 //! the data. The receiver copies (or reduces) straight from the sender's memory in
 //! cache-sized chunks and answers with an ack; the sender's round ends only after
 //! the ack, so its buffer stays valid while it is read. One copy instead of two.
@@ -26,11 +33,13 @@ use crate::reduce;
 use crate::registered::PeerSegment;
 
 mod inbound;
+mod outbound;
 mod single_copy;
 use crate::transport::Link;
 use crate::types::{CallSig, DType, ReduceOp};
 use inbound::{reduce_arrived, reduce_from_link, stream_from_link};
-use single_copy::{describe, pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
+use outbound::{frame_parts, progress_send, queue_send, writable};
+use single_copy::{pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
 
 /// Largest payload of one frame. Long transfers are cut into segments of this size
 /// so a receiver can reduce one while the next is in flight.
@@ -151,21 +160,6 @@ impl Channel {
     }
 }
 
-/// The slices still to be written of a frame (header, payload, `pad` zero bytes)
-/// of which `sent` bytes went out.
-fn frame_parts<'a>(hdr: &'a [u8], payload: &'a [u8], pad: usize, sent: usize) -> [&'a [u8]; 3] {
-    static ZEROS: [u8; PAYLOAD_ALIGN] = [0; PAYLOAD_ALIGN];
-    let zeros = &ZEROS[..pad];
-    let (h, p) = (hdr.len(), payload.len());
-    if sent < h {
-        [&hdr[sent..], payload, zeros]
-    } else if sent < h + p {
-        [&[], &payload[sent - h..], zeros]
-    } else {
-        [&[], &[], &zeros[sent - h - p..]]
-    }
-}
-
 /// Raw views of the operation's buffers. The caller guarantees they stay valid and
 /// unaliased (except as the in-place rules say) for the whole execution.
 pub struct Buffers {
@@ -235,6 +229,9 @@ struct OutMsg {
     desc: [u8; DESC_MAX],
     desc_len: usize,
     sent: usize,
+    /// A forward: the [`Queues::gates`] entry saying how many bytes of `data` are
+    /// final (reduced) yet. None: all of them.
+    gate: Option<usize>,
 }
 
 impl OutMsg {
@@ -251,7 +248,16 @@ impl OutMsg {
 
     fn ack(call: &CallInfo) -> OutMsg {
         let hdr = Header::control(FrameKind::Ack, call.comm_id, call.epoch, 0).encode();
-        OutMsg { hdr, kind: FrameKind::Ack, data: std::ptr::null(), len: 0, desc: [0; DESC_MAX], desc_len: 0, sent: 0 }
+        OutMsg {
+            hdr,
+            kind: FrameKind::Ack,
+            data: std::ptr::null(),
+            len: 0,
+            desc: [0; DESC_MAX],
+            desc_len: 0,
+            sent: 0,
+            gate: None,
+        }
     }
 }
 
@@ -272,6 +278,8 @@ struct InMsg {
     /// Rendezvous descriptor bytes read so far.
     desc: [u8; DESC_MAX],
     desc_got: usize,
+    /// The [`Queues::gates`] entry this receive-reduce opens for its forward.
+    feeds: Option<usize>,
 }
 
 /// Per-peer transfer queues, kept between calls so a call allocates nothing.
@@ -279,6 +287,8 @@ struct InMsg {
 pub struct Queues {
     out: Vec<VecDeque<OutMsg>>,
     inq: Vec<VecDeque<InMsg>>,
+    /// Per forwarded frame of the round: bytes reduced so far (may go out).
+    gates: Vec<usize>,
 }
 
 // SAFETY: the queues hold raw pointers only during `execute`, which empties them
@@ -298,7 +308,7 @@ pub fn execute(
     }
     queues.out.resize_with(channels.len(), VecDeque::new);
     queues.inq.resize_with(channels.len(), VecDeque::new);
-    let result = run_rounds(schedule, channels, &mut queues.out, &mut queues.inq, bufs, call);
+    let result = run_rounds(schedule, channels, queues, bufs, call);
     // Never keep pointers into this call's buffers.
     queues.out.iter_mut().for_each(VecDeque::clear);
     queues.inq.iter_mut().for_each(VecDeque::clear);
@@ -308,63 +318,71 @@ pub fn execute(
 fn run_rounds(
     schedule: &Schedule,
     channels: &mut [Option<Channel>],
-    outq: &mut [VecDeque<OutMsg>],
-    inq: &mut [VecDeque<InMsg>],
+    queues: &mut Queues,
     bufs: &mut Buffers,
     call: &CallInfo,
 ) -> Result<()> {
     for round in &schedule.rounds {
+        queues.gates.clear();
         for step in &round.steps {
             match *step {
                 Step::Copy { src, dst } => local_copy(bufs, &src, &dst)?,
                 Step::Reduce { src, dst } => local_reduce(bufs, &src, &dst, call)?,
                 Step::Send { peer, src } => {
-                    let mode = link_single_copy(channels, peer, call)?;
                     let base = bufs.ptr(&src)? as *const u8;
-                    for (off, len) in frames(src.len) {
-                        // SAFETY: off + len <= src.len, inside the region checked by ptr().
-                        let data = unsafe { base.add(off) };
-                        let single = mode.applies(data, len, src.len);
-                        let kind = if single { FrameKind::Rendezvous } else { FrameKind::Data };
-                        let (desc, desc_len) = if single { describe(data, len) } else { ([0; DESC_MAX], 0) };
-                        let wire_len = if single { desc_len } else { len };
-                        let hdr = Header {
-                            kind,
-                            comm_id: call.comm_id,
-                            epoch: call.epoch,
-                            seq: call.send_seq,
-                            sig: call.sig,
-                            len: wire_len as u32,
-                        }
-                        .encode();
-                        outq[peer].push_back(OutMsg { hdr, kind, data, len, desc, desc_len, sent: 0 });
-                    }
+                    queue_send(channels, queues, call, peer, base, src.len, None)?;
                 }
                 Step::Recv { peer, dst } => {
                     link_single_copy(channels, peer, call)?;
                     let base = bufs.ptr(&dst)?;
                     for (off, len) in frames(dst.len) {
-                        // SAFETY: as above.
+                        // SAFETY: off + len <= dst.len, inside the region checked by ptr().
                         let mut m = InMsg::new(unsafe { base.add(off) }, None, len);
                         m.stream = dst.len >= STREAM_RECV_BYTES;
-                        inq[peer].push_back(m);
+                        queues.inq[peer].push_back(m);
                     }
                 }
                 Step::RecvReduce { peer, src, dst } => {
-                    if src.len != dst.len || (src.overlaps(&dst) && src != dst) {
-                        return Err(Error::InvalidArgument(format!("bad receive-reduce regions {src:?} {dst:?}")));
-                    }
-                    link_single_copy(channels, peer, call)?;
-                    let d = bufs.ptr(&dst)?;
-                    let s = bufs.ptr(&src)? as *const u8;
-                    for (off, len) in frames(dst.len) {
-                        // SAFETY: as above.
-                        inq[peer].push_back(InMsg::new(unsafe { d.add(off) }, Some(unsafe { s.add(off) }), len));
-                    }
+                    queue_recv_reduce(channels, queues, bufs, call, peer, (&src, &dst), false)?;
+                }
+                Step::RecvReduceSend { peer, src, dst, to } => {
+                    let first_gate = queues.gates.len();
+                    queue_recv_reduce(channels, queues, bufs, call, peer, (&src, &dst), true)?;
+                    let base = bufs.ptr(&dst)? as *const u8;
+                    queue_send(channels, queues, call, to, base, dst.len, Some(first_gate))?;
                 }
             }
         }
-        run_transfers(channels, outq, inq, call)?;
+        run_transfers(channels, queues, call)?;
+    }
+    Ok(())
+}
+
+/// Queue the frames of a receive-reduce (`dst = src ⊕ received`); with `forward`,
+/// each frame opens a gate of [`Queues::gates`] as it is reduced.
+fn queue_recv_reduce(
+    channels: &[Option<Channel>],
+    queues: &mut Queues,
+    bufs: &mut Buffers,
+    call: &CallInfo,
+    peer: usize,
+    (src, dst): (&Region, &Region),
+    forward: bool,
+) -> Result<()> {
+    if src.len != dst.len || (src.overlaps(dst) && src != dst) {
+        return Err(Error::InvalidArgument(format!("bad receive-reduce regions {src:?} {dst:?}")));
+    }
+    link_single_copy(channels, peer, call)?;
+    let d = bufs.ptr(dst)?;
+    let s = bufs.ptr(src)? as *const u8;
+    for (off, len) in frames(dst.len) {
+        // SAFETY: off + len <= dst.len == src.len, inside the regions checked by ptr().
+        let mut m = InMsg::new(unsafe { d.add(off) }, Some(unsafe { s.add(off) }), len);
+        if forward {
+            m.feeds = Some(queues.gates.len());
+            queues.gates.push(0);
+        }
+        queues.inq[peer].push_back(m);
     }
     Ok(())
 }
@@ -383,6 +401,7 @@ impl InMsg {
             carry_len: 0,
             desc: [0; DESC_MAX],
             desc_got: 0,
+            feeds: None,
         }
     }
 }
@@ -437,12 +456,8 @@ fn peer_error(call: &CallInfo, peer: usize, said_goodbye: bool, e: io::Error) ->
 }
 
 /// Drive every queued transfer to completion.
-fn run_transfers(
-    channels: &mut [Option<Channel>],
-    outq: &mut [VecDeque<OutMsg>],
-    inq: &mut [VecDeque<InMsg>],
-    call: &CallInfo,
-) -> Result<()> {
+fn run_transfers(channels: &mut [Option<Channel>], queues: &mut Queues, call: &CallInfo) -> Result<()> {
+    let Queues { out: outq, inq, gates } = queues;
     // The clock is read only once waiting begins: a transfer that completes on
     // the first passes never pays for it.
     let mut last_progress: Option<Instant> = None;
@@ -452,9 +467,9 @@ fn run_transfers(
         let mut pending = false;
         for peer in 0..channels.len() {
             let Some(ch) = channels[peer].as_mut() else { continue };
-            progressed |=
-                progress_send(ch, &mut outq[peer], call).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
-            progressed |= progress_recv(ch, peer, &mut inq[peer], call)?;
+            progressed |= progress_send(ch, &mut outq[peer], gates, call)
+                .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+            progressed |= progress_recv(ch, peer, &mut inq[peer], gates, call)?;
             pending |= busy(ch, &outq[peer], &inq[peer]);
         }
         if !pending {
@@ -482,7 +497,7 @@ fn run_transfers(
             continue;
         }
         let left = call.timeout - idle;
-        if !block_on_fds(channels, outq, inq, left.min(Duration::from_millis(100))) {
+        if !block_on_fds(channels, outq, inq, gates, left.min(Duration::from_millis(100))) {
             // No descriptors to poll (memory links): yield for a while — cheap when
             // ranks outnumber cores, since a peer is likely runnable — then back off.
             // Oversubscribed, a peer needing this core is likely runnable: keep
@@ -505,6 +520,7 @@ fn block_on_fds(
     channels: &[Option<Channel>],
     outq: &[VecDeque<OutMsg>],
     inq: &[VecDeque<InMsg>],
+    gates: &[usize],
     max: Duration,
 ) -> bool {
     let mut fds = Vec::with_capacity(channels.len());
@@ -512,7 +528,8 @@ fn block_on_fds(
         let Some(ch) = ch else { continue };
         let Some(fd) = ch.link.poll_fd() else { return false };
         let mut events = 0;
-        if !outq[peer].is_empty() || ch.acks_owed > 0 {
+        // A forward waiting for its reduction waits on input, not on the socket.
+        if outq[peer].front().is_some_and(|m| writable(m, gates) > m.sent) || ch.acks_owed > 0 {
             events |= libc::POLLOUT;
         }
         // Watch input when a receive or an ack is awaited, or (idle) for an abort
@@ -538,35 +555,13 @@ fn busy(ch: &Channel, out: &VecDeque<OutMsg>, inq: &VecDeque<InMsg>) -> bool {
     !out.is_empty() || !inq.is_empty() || ch.acks_awaited > 0 || ch.acks_owed > 0
 }
 
-fn progress_send(ch: &mut Channel, q: &mut VecDeque<OutMsg>, call: &CallInfo) -> io::Result<bool> {
-    let mut progressed = false;
-    // Acks jump the queue at a frame boundary: the peer's round waits on them.
-    while ch.acks_owed > 0 && ch.tx_at_boundary && q.front().is_none_or(|m| m.sent == 0) {
-        q.push_front(OutMsg::ack(call));
-        ch.acks_owed -= 1;
-    }
-    while let Some(m) = q.front_mut() {
-        let payload = m.payload();
-        let pad = padding(m.kind, payload.len());
-        let total = HEADER_LEN + payload.len() + pad;
-        let n = ch.link.try_write(&frame_parts(&m.hdr, payload, pad, m.sent))?;
-        if n == 0 {
-            break;
-        }
-        progressed = true;
-        m.sent += n;
-        ch.tx_at_boundary = m.sent == total;
-        if ch.tx_at_boundary {
-            if m.kind == FrameKind::Rendezvous {
-                ch.acks_awaited += 1;
-            }
-            q.pop_front();
-        }
-    }
-    Ok(progressed)
-}
-
-fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &CallInfo) -> Result<bool> {
+fn progress_recv(
+    ch: &mut Channel,
+    peer: usize,
+    q: &mut VecDeque<InMsg>,
+    gates: &mut [usize],
+    call: &CallInfo,
+) -> Result<bool> {
     let mut progressed = false;
     loop {
         match &mut ch.rx {
@@ -675,6 +670,9 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                         return Ok(progressed | (n > 0));
                     }
                     pull_from_peer(ch, m, peer, call)?;
+                    if let Some(g) = m.feeds {
+                        gates[g] = m.len;
+                    }
                     ch.acks_owed += 1;
                     q.pop_front();
                     ch.rx = after_payload(h);
@@ -687,6 +685,9 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                     } else {
                         stream_from_link(ch, m, peer, call)?
                     };
+                    if let Some(g) = m.feeds {
+                        gates[g] = m.reduced;
+                    }
                     if m.got < m.len {
                         return Ok(progressed);
                     }
@@ -709,6 +710,9 @@ fn progress_recv(ch: &mut Channel, peer: usize, q: &mut VecDeque<InMsg>, call: &
                     progressed |= n > 0;
                     if m.src.is_some() {
                         reduce_arrived(ch, m, call)?;
+                        if let Some(g) = m.feeds {
+                            gates[g] = m.reduced;
+                        }
                     }
                     if n == 0 && m.got < m.len {
                         return Ok(progressed);

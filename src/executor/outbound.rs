@@ -1,0 +1,119 @@
+//! The send half of the executor: queueing a transfer's frames (data or
+//! rendezvous, the sender's choice per frame) and writing them, a forward only as
+//! far as its reduction has got.
+
+use std::collections::VecDeque;
+use std::io;
+
+use super::single_copy::{describe, DESC_MAX};
+use super::{frames, link_single_copy, CallInfo, Channel, OutMsg, Queues};
+use crate::error::Result;
+use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
+
+/// Queue the frames of a transfer of `total` bytes at `base` to `peer`. A forward
+/// (`first_gate`) sends frame `k` only as far as gate `first_gate + k` allows.
+pub(super) fn queue_send(
+    channels: &[Option<Channel>],
+    queues: &mut Queues,
+    call: &CallInfo,
+    peer: usize,
+    base: *const u8,
+    total: usize,
+    first_gate: Option<usize>,
+) -> Result<()> {
+    let mode = link_single_copy(channels, peer, call)?;
+    for (k, (off, len)) in frames(total).enumerate() {
+        // SAFETY: off + len <= total, inside a region the caller checked.
+        let data = unsafe { base.add(off) };
+        let single = mode.applies(data, len, total);
+        let kind = if single { FrameKind::Rendezvous } else { FrameKind::Data };
+        let (desc, desc_len) = if single { describe(data, len) } else { ([0; DESC_MAX], 0) };
+        let wire_len = if single { desc_len } else { len };
+        let (comm_id, epoch, seq, sig) = (call.comm_id, call.epoch, call.send_seq, call.sig);
+        let hdr = Header { kind, comm_id, epoch, seq, sig, len: wire_len as u32 }.encode();
+        let gate = first_gate.map(|g| g + k);
+        queues.out[peer].push_back(OutMsg { hdr, kind, data, len, desc, desc_len, sent: 0, gate });
+    }
+    Ok(())
+}
+
+/// The slices still to be written of a frame (header, payload, `pad` zero bytes)
+/// of which `sent` bytes went out.
+pub(super) fn frame_parts<'a>(hdr: &'a [u8], payload: &'a [u8], pad: usize, sent: usize) -> [&'a [u8]; 3] {
+    static ZEROS: [u8; PAYLOAD_ALIGN] = [0; PAYLOAD_ALIGN];
+    let zeros = &ZEROS[..pad];
+    let (h, p) = (hdr.len(), payload.len());
+    if sent < h {
+        [&hdr[sent..], payload, zeros]
+    } else if sent < h + p {
+        [&[], &payload[sent - h..], zeros]
+    } else {
+        [&[], &[], &zeros[sent - h - p..]]
+    }
+}
+
+/// Minimum a forward sends at a time while its reduction is still going on, so it
+/// does not trickle out in tiny pieces.
+const FORWARD_GRAIN: usize = 16 << 10;
+
+/// How many bytes of frame `m` (header and padding included) may be written by
+/// now: all of them, or for a forward as far as its gate is open (a rendezvous
+/// forward only when all of its data is final).
+pub(super) fn writable(m: &OutMsg, gates: &[usize]) -> usize {
+    let total = HEADER_LEN + m.payload().len() + padding(m.kind, m.payload().len());
+    let Some(g) = m.gate else { return total };
+    let ready = gates[g];
+    if ready >= m.len {
+        total
+    } else if m.kind == FrameKind::Data && HEADER_LEN + ready >= m.sent + FORWARD_GRAIN {
+        HEADER_LEN + ready
+    } else {
+        m.sent
+    }
+}
+
+/// The first `max` bytes of `parts`.
+fn cap_parts(parts: [&[u8]; 3], mut max: usize) -> [&[u8]; 3] {
+    parts.map(|p| {
+        let take = p.len().min(max);
+        max -= take;
+        &p[..take]
+    })
+}
+
+pub(super) fn progress_send(
+    ch: &mut Channel,
+    q: &mut VecDeque<OutMsg>,
+    gates: &[usize],
+    call: &CallInfo,
+) -> io::Result<bool> {
+    let mut progressed = false;
+    // Acks jump the queue at a frame boundary: the peer's round waits on them.
+    while ch.acks_owed > 0 && ch.tx_at_boundary && q.front().is_none_or(|m| m.sent == 0) {
+        q.push_front(OutMsg::ack(call));
+        ch.acks_owed -= 1;
+    }
+    while let Some(m) = q.front_mut() {
+        let limit = writable(m, gates);
+        if limit <= m.sent {
+            break;
+        }
+        let payload = m.payload();
+        let pad = padding(m.kind, payload.len());
+        let total = HEADER_LEN + payload.len() + pad;
+        let n = ch.link.try_write(&cap_parts(frame_parts(&m.hdr, payload, pad, m.sent), limit - m.sent))?;
+        if n == 0 {
+            break;
+        }
+        progressed = true;
+        m.sent += n;
+        ch.tx_at_boundary = m.sent == total;
+        if ch.tx_at_boundary {
+            if m.kind == FrameKind::Rendezvous {
+                ch.acks_awaited += 1;
+            }
+            q.pop_front();
+        }
+    }
+    Ok(progressed)
+}
