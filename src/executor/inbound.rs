@@ -31,7 +31,10 @@ pub(super) fn reduce_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, cal
     let Some(src) = m.src else { return Ok(false) };
     let esz = call.dtype.size();
     let mut progressed = false;
-    while m.got < m.len {
+    // A segment that feeds a forward returns after each grain, so the caller sends
+    // the grain on while it is still in cache.
+    let (start, budget) = (m.got, if m.feeds.is_some() { REDUCE_GRAIN } else { usize::MAX });
+    while m.got < m.len && m.got - start < budget {
         // In grains, so the ring space goes back to the writer while the rest is reduced.
         let want = (m.len - m.got - m.carry_len).min(REDUCE_GRAIN);
         let s = ch.link.peek(want).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;

@@ -676,8 +676,9 @@ fn progress_recv(
                     ch.acks_owed += 1;
                     q.pop_front();
                     ch.rx = after_payload(h);
-                    progressed = true;
-                    continue;
+                    // Back to the main loop after each (long) single-copy read, so its
+                    // ack and any forward it unlocked go out before the next read.
+                    return Ok(true);
                 }
                 if m.got < m.len && ch.peek && (m.src.is_some() || m.stream) {
                     progressed |= if m.src.is_some() {
