@@ -107,6 +107,8 @@ pub struct Channel {
     single_copy: SingleCopy,
     /// Whether incoming data can be reduced straight out of the link ([`Link::peek`]).
     peek: bool,
+    /// Smallest piece of a forward written before its frame is complete.
+    forward_grain: usize,
     /// Rendezvous frames sent whose ack has not arrived.
     acks_awaited: usize,
     /// Rendezvous reads finished whose ack is still to be sent.
@@ -121,6 +123,7 @@ impl Channel {
         Channel {
             single_copy: SingleCopy::for_link(link.as_ref()),
             peek: link.can_peek(),
+            forward_grain: if link.can_peek() { outbound::FORWARD_GRAIN } else { usize::MAX },
             acks_awaited: 0,
             acks_owed: 0,
             peer_segments: HashMap::new(),
@@ -529,7 +532,7 @@ fn block_on_fds(
         let Some(fd) = ch.link.poll_fd() else { return false };
         let mut events = 0;
         // A forward waiting for its reduction waits on input, not on the socket.
-        if outq[peer].front().is_some_and(|m| writable(m, gates) > m.sent) || ch.acks_owed > 0 {
+        if outq[peer].front().is_some_and(|m| writable(m, gates, ch.forward_grain) > m.sent) || ch.acks_owed > 0 {
             events |= libc::POLLOUT;
         }
         // Watch input when a receive or an ack is awaited, or (idle) for an abort

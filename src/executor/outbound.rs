@@ -52,20 +52,22 @@ pub(super) fn frame_parts<'a>(hdr: &'a [u8], payload: &'a [u8], pad: usize, sent
     }
 }
 
-/// Minimum a forward sends at a time while its reduction is still going on, so it
-/// does not trickle out in tiny pieces.
-const FORWARD_GRAIN: usize = 16 << 10;
+/// Minimum a forward sends at a time, on memory links, while its reduction is
+/// still going on, so it does not trickle out in tiny pieces. Sockets wait for
+/// whole frames: piecewise forwards measured 1.7–1.8 GB/s against 3.0–3.5 for
+/// whole ones (TCP loopback, 2 ranks, 1 MiB all-reduce).
+pub(super) const FORWARD_GRAIN: usize = 16 << 10;
 
 /// How many bytes of frame `m` (header and padding included) may be written by
-/// now: all of them, or for a forward as far as its gate is open (a rendezvous
-/// forward only when all of its data is final).
-pub(super) fn writable(m: &OutMsg, gates: &[usize]) -> usize {
+/// now: all of them, or for a forward as far as its gate is open, in steps of at
+/// least `grain` (a rendezvous forward only when all of its data is final).
+pub(super) fn writable(m: &OutMsg, gates: &[usize], grain: usize) -> usize {
     let total = HEADER_LEN + m.payload().len() + padding(m.kind, m.payload().len());
     let Some(g) = m.gate else { return total };
     let ready = gates[g];
     if ready >= m.len {
         total
-    } else if m.kind == FrameKind::Data && HEADER_LEN + ready >= m.sent + FORWARD_GRAIN {
+    } else if m.kind == FrameKind::Data && HEADER_LEN + ready >= m.sent.saturating_add(grain) {
         HEADER_LEN + ready
     } else {
         m.sent
@@ -94,7 +96,7 @@ pub(super) fn progress_send(
         ch.acks_owed -= 1;
     }
     while let Some(m) = q.front_mut() {
-        let limit = writable(m, gates);
+        let limit = writable(m, gates, ch.forward_grain);
         if limit <= m.sent {
             break;
         }
