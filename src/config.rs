@@ -47,8 +47,8 @@ pub struct Config {
     pub timeout: Duration,
     /// Log filter.
     pub debug: Option<String>,
-    /// Shared job secret.
-    pub job_key: Option<String>,
+    /// Shared job secret, proven in the handshake of every link and of the TCP store.
+    pub job_key: crate::auth::JobKey,
     /// Ring bytes per direction of shared-memory links, None for the default.
     pub shm_ring_bytes: Option<usize>,
     /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `code`).
@@ -68,7 +68,7 @@ impl Config {
             socket_ifname: None,
             timeout: DEFAULT_TIMEOUT,
             debug: None,
-            job_key: None,
+            job_key: crate::auth::JobKey::none(),
             shm_ring_bytes: None,
             launcher: "code",
         }
@@ -152,7 +152,7 @@ impl Config {
             cfg.timeout = parse_duration(&t).map_err(|e| Error::Config(format!("BRAID_TIMEOUT: {e}")))?;
         }
         cfg.debug = get("BRAID_DEBUG").filter(|s| !s.is_empty());
-        cfg.job_key = get("BRAID_JOB_KEY").filter(|s| !s.is_empty());
+        cfg.job_key = crate::auth::JobKey::from_text(&get("BRAID_JOB_KEY").unwrap_or_default());
         Ok(cfg)
     }
 }

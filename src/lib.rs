@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod algorithm;
+pub mod auth;
 pub mod bootstrap;
 pub mod comm;
 pub mod config;
