@@ -154,6 +154,19 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
 }
 
 #[test]
+fn perf_without_check_says_nothing_was_checked() {
+    let out = Command::new(BRAID)
+        .args(["perf", "--op", "all-reduce", "--ranks", "2", "--transport", "tcp", "--min-bytes", "1K"])
+        .args(["--max-bytes", "4K", "--iters", "2", "--warmup", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("# Out of bounds values : not checked"), "{text}");
+    assert!(!text.contains(" OK"), "nothing was checked, so nothing may be called OK: {text}");
+}
+
+#[test]
 fn perf_writes_json_lines() {
     let dir = std::env::temp_dir().join(format!("braid-perf-json-{}", std::process::id()));
     let _ = std::fs::remove_file(&dir);
