@@ -21,6 +21,9 @@
 //! the data. The receiver copies (or reduces) straight from the sender's memory in
 //! cache-sized chunks and answers with an ack; the sender's round ends only after
 //! the ack, so its buffer stays valid while it is read. One copy instead of two.
+//! A call that ends early (a timeout, a mismatch, an abort) revokes what it exposed
+//! ([`Link::revoke_exposed`]) before returning, so a peer that reads late gets an
+//! error instead of memory its owner has freed.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -115,6 +118,8 @@ pub struct Channel {
     acks_owed: usize,
     /// The peer's registered segments mapped so far, by name.
     peer_segments: HashMap<String, PeerSegment>,
+    /// Whether this call exposed memory on the link ([`Link::expose`]), to revoke.
+    exposed: bool,
 }
 
 impl Channel {
@@ -127,6 +132,7 @@ impl Channel {
             acks_awaited: 0,
             acks_owed: 0,
             peer_segments: HashMap::new(),
+            exposed: false,
             link,
             hdr: [0; HEADER_LEN],
             rx: Rx::Header { have: 0 },
@@ -295,7 +301,7 @@ pub struct Queues {
 }
 
 // SAFETY: the queues hold raw pointers only during `execute`, which empties them
-// before returning (on success and on error alike).
+// before returning (on success, on error and on panic alike: see `CallEnd`).
 unsafe impl Send for Queues {}
 
 /// Run `schedule` over `channels` (indexed by peer rank) with `bufs`.
@@ -311,11 +317,28 @@ pub fn execute(
     }
     queues.out.resize_with(channels.len(), VecDeque::new);
     queues.inq.resize_with(channels.len(), VecDeque::new);
-    let result = run_rounds(schedule, channels, queues, bufs, call);
-    // Never keep pointers into this call's buffers.
-    queues.out.iter_mut().for_each(VecDeque::clear);
-    queues.inq.iter_mut().for_each(VecDeque::clear);
-    result
+    let end = CallEnd { channels, queues };
+    run_rounds(schedule, end.channels, end.queues, bufs, call)
+}
+
+/// Ends a call's hold on its buffers however `execute` leaves it (success, error or
+/// panic): revokes what the peers were allowed to read, so a peer that reads late
+/// gets an error instead of freed memory, and forgets the queued pointers.
+struct CallEnd<'a> {
+    channels: &'a mut [Option<Channel>],
+    queues: &'a mut Queues,
+}
+
+impl Drop for CallEnd<'_> {
+    fn drop(&mut self) {
+        for ch in self.channels.iter_mut().flatten() {
+            if std::mem::take(&mut ch.exposed) {
+                ch.link.revoke_exposed();
+            }
+        }
+        self.queues.out.iter_mut().for_each(VecDeque::clear);
+        self.queues.inq.iter_mut().for_each(VecDeque::clear);
+    }
 }
 
 fn run_rounds(
@@ -413,8 +436,17 @@ impl InMsg {
 fn link_single_copy(channels: &[Option<Channel>], peer: usize, call: &CallInfo) -> Result<SingleCopy> {
     match channels.get(peer) {
         Some(Some(ch)) => Ok(ch.single_copy),
-        _ => Err(Error::InvalidArgument(format!("{}: schedule names rank {peer}, which has no link", call.ctx))),
+        _ => Err(no_link(peer, call)),
     }
+}
+
+/// The channel to `peer`; an error if there is no link.
+fn channel_mut<'a>(channels: &'a mut [Option<Channel>], peer: usize, call: &CallInfo) -> Result<&'a mut Channel> {
+    channels.get_mut(peer).and_then(Option::as_mut).ok_or_else(|| no_link(peer, call))
+}
+
+fn no_link(peer: usize, call: &CallInfo) -> Error {
+    Error::InvalidArgument(format!("{}: schedule names rank {peer}, which has no link", call.ctx))
 }
 
 /// (offset, length) of the frames a transfer of `len` bytes is cut into. Both ends

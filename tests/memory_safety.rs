@@ -1,0 +1,67 @@
+//! Memory safety under errors: what a rank exposed to its peers for single copy
+//! must not be read after its call returned, and registered segments a peer mapped
+//! must not outlive their owner's buffer.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use braid::{Communicator, Config, Error, ReduceOp};
+
+/// 64 MiB of f32: above glibc's largest dynamic mmap threshold (32 MiB), so the
+/// freed vector is unmapped at once and a late read of it faults instead of reading
+/// stale heap.
+const BIG: usize = 16 << 20;
+
+/// Rank 0 runs `early` (which sends rendezvous frames: addresses of its buffer),
+/// times out waiting for rank 1 and frees the buffer; only then does rank 1 run
+/// `late` and find those frames in its ring. Before the fix rank 1 copied from the
+/// freed (unmapped) memory and the process died of SIGSEGV; now the read is refused
+/// and rank 1 gets an error naming rank 0. Returns rank 1's error.
+fn late_reader(
+    early: impl FnOnce(&Communicator, &mut Vec<f32>) -> braid::Result<()> + Send + 'static,
+    late: impl FnOnce(&Communicator, &mut Vec<f32>) -> braid::Result<()> + Send + 'static,
+) -> Error {
+    let mut cfg = Config::new(0, 2);
+    cfg.timeout = Duration::from_millis(300);
+    let mut comms = Communicator::in_process_with(cfg).unwrap().into_iter();
+    let (c0, c1) = (comms.next().unwrap(), comms.next().unwrap());
+    let (freed_tx, freed_rx) = mpsc::channel::<()>();
+    // Both allocated up front, so rank 1's buffer cannot be mapped where rank 0's was.
+    let (mut buf0, mut buf1) = (vec![1.0f32; BIG], vec![2.0f32; BIG]);
+    let early = std::thread::spawn(move || {
+        let err = early(&c0, &mut buf0).unwrap_err();
+        drop(buf0);
+        freed_tx.send(()).unwrap();
+        // Keep the communicator (and its links) alive while the peer reads.
+        std::thread::sleep(Duration::from_millis(500));
+        err
+    });
+    let late = std::thread::spawn(move || {
+        freed_rx.recv().unwrap();
+        late(&c1, &mut buf1).unwrap_err()
+    });
+    let early = early.join().unwrap();
+    assert!(matches!(early, Error::Timeout { .. }), "rank 0: {early}");
+    late.join().unwrap()
+}
+
+fn assert_refused(late: Error) {
+    let msg = late.to_string();
+    assert!(matches!(late, Error::PeerLost { peer: 0, .. }), "rank 1: {msg}");
+    assert!(msg.contains("rank 1") && msg.contains("rank 0 does not expose"), "rank 1: {msg}");
+}
+
+#[test]
+fn a_late_peer_cannot_read_an_all_reduce_buffer_freed_after_a_timeout() {
+    let late = late_reader(
+        |c, buf| c.all_reduce_in_place(buf, ReduceOp::Sum),
+        |c, buf| c.all_reduce_in_place(buf, ReduceOp::Sum),
+    );
+    assert_refused(late);
+}
+
+#[test]
+fn a_late_receiver_cannot_read_a_send_buffer_freed_after_a_timeout() {
+    let late = late_reader(|c, buf| c.send(buf, 1), |c, buf| c.recv(buf, 0));
+    assert_refused(late);
+}
