@@ -2,9 +2,10 @@
 //! must not be read after its call returned, and registered segments a peer mapped
 //! must not outlive their owner's buffer.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::Duration;
 
+use braid::registered::{self, SharedBuffer};
 use braid::{Communicator, Config, Error, ReduceOp};
 
 /// 64 MiB of f32: above glibc's largest dynamic mmap threshold (32 MiB), so the
@@ -64,4 +65,52 @@ fn a_late_peer_cannot_read_an_all_reduce_buffer_freed_after_a_timeout() {
 fn a_late_receiver_cannot_read_a_send_buffer_freed_after_a_timeout() {
     let late = late_reader(|c, buf| c.send(buf, 1), |c, buf| c.recv(buf, 0));
     assert_refused(late);
+}
+
+/// The `/proc/self/maps` lines that map one of `names`.
+fn mappings_of(names: &[String]) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().filter(|l| names.iter().any(|n| l.contains(&format!("/dev/shm/{n}")))).count()
+}
+
+/// A registered buffer per step, all-reduced single-copy between in-process ranks
+/// (each maps the other's segment) and then freed: the peers' cached mappings of
+/// freed segments must be let go, or every step leaks its size in /dev/shm pages.
+#[test]
+fn mappings_of_freed_registered_buffers_do_not_pile_up() {
+    const STEPS: usize = 24;
+    const LEN: usize = 64 << 10; // 256 KiB of f32: above the rendezvous threshold
+    let names = Arc::new(Mutex::new(Vec::<String>::new()));
+    let barrier = Arc::new(Barrier::new(2));
+    let handles: Vec<_> = Communicator::in_process(2)
+        .unwrap()
+        .into_iter()
+        .map(|c| {
+            let (names, barrier) = (names.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                for step in 0..STEPS {
+                    let mut buf = SharedBuffer::<f32>::new(LEN).unwrap();
+                    let (name, _) = registered::lookup(buf.as_ptr() as usize, 4).unwrap();
+                    names.lock().unwrap().push(name);
+                    buf.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 7 + c.rank() + step) as f32);
+                    c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                    for (i, x) in buf.iter().enumerate() {
+                        assert_eq!(*x, (2 * (i % 7 + step) + 1) as f32, "step {step} element {i}");
+                    }
+                }
+                // Every buffer is freed; both communicators (and their caches) are alive.
+                barrier.wait();
+                let held = mappings_of(&names.lock().unwrap());
+                barrier.wait();
+                drop(c);
+                held
+            })
+        })
+        .collect();
+    let held: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let names = names.lock().unwrap();
+    assert_eq!(names.len(), 2 * STEPS);
+    // Each rank may keep its peer's latest segment mapped; nothing older.
+    assert!(held.iter().all(|&h| h <= 2), "{held:?} mappings of {} freed registered buffers held", names.len());
+    assert_eq!(mappings_of(&names), 0, "mappings left after the communicators were dropped");
 }

@@ -25,7 +25,7 @@
 //! ([`Link::revoke_exposed`]) before returning, so a peer that reads late gets an
 //! error instead of memory its owner has freed.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ use crate::algorithm::{BufId, Region, Schedule, Step};
 use crate::error::{Error, OpContext, Result};
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
-use crate::registered::PeerSegment;
+use crate::registered::SegmentCache;
 
 mod inbound;
 mod outbound;
@@ -116,8 +116,8 @@ pub struct Channel {
     acks_awaited: usize,
     /// Rendezvous reads finished whose ack is still to be sent.
     acks_owed: usize,
-    /// The peer's registered segments mapped so far, by name.
-    peer_segments: HashMap<String, PeerSegment>,
+    /// The peer's registered segments mapped so far (until their owner frees them).
+    peer_segments: SegmentCache,
     /// Whether this call exposed memory on the link ([`Link::expose`]), to revoke.
     exposed: bool,
 }
@@ -131,7 +131,7 @@ impl Channel {
             forward_grain: if link.can_peek() { outbound::FORWARD_GRAIN } else { usize::MAX },
             acks_awaited: 0,
             acks_owed: 0,
-            peer_segments: HashMap::new(),
+            peer_segments: SegmentCache::default(),
             exposed: false,
             link,
             hdr: [0; HEADER_LEN],

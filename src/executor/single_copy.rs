@@ -8,7 +8,7 @@ use std::io;
 use super::{CallInfo, Channel, InMsg, RENDEZVOUS_BYTES, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::reduce;
-use crate::registered::{self, PeerSegment};
+use crate::registered;
 use crate::transport::{Link, TransportKind};
 
 /// Single-copy reductions read the peer's data in chunks of this size, then reduce
@@ -154,18 +154,14 @@ pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call:
 /// reduce straight out of the mapping. Returns false when the segment cannot be
 /// mapped here, so the caller falls back to reading through the kernel.
 fn pull_registered(ch: &mut Channel, m: &mut InMsg, name: &str, offset: usize, call: &CallInfo) -> Result<bool> {
-    if !ch.peer_segments.contains_key(name) {
-        match PeerSegment::open(name) {
-            Ok(seg) => {
-                ch.peer_segments.insert(name.to_owned(), seg);
-            }
-            Err(e) => {
-                tracing::debug!("cannot map registered segment {name}: {e}; reading through the kernel");
-                return Ok(false);
-            }
+    let seg = match ch.peer_segments.get_or_open(name) {
+        Ok(seg) => seg,
+        Err(e) => {
+            tracing::debug!("cannot map registered segment {name}: {e}; reading through the kernel");
+            return Ok(false);
         }
-    }
-    let Some(peer) = ch.peer_segments.get(name).and_then(|seg| seg.slice(offset, m.len)) else { return Ok(false) };
+    };
+    let Some(peer) = seg.slice(offset, m.len) else { return Ok(false) };
     let op = call.reduce_op.combiner();
     // SAFETY: dst (and src) are live regions of this rank's buffers; src is dst or disjoint.
     unsafe {
