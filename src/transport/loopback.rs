@@ -30,7 +30,13 @@ struct Exposure {
 
 impl Exposure {
     fn add(&self, start: usize, end: usize) {
-        self.ranges.lock().unwrap_or_else(PoisonError::into_inner).push((start, end));
+        let mut ranges = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
+        // The frames of one transfer are adjacent: one range each, not one per frame,
+        // keeps the list (scanned by every read) as short as the call's transfers.
+        match ranges.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => ranges.push((start, end)),
+        }
     }
 
     fn revoke_all(&self) {
@@ -248,6 +254,16 @@ mod tests {
         assert_eq!(a.read_peer(usize::MAX - 3, &mut part).unwrap_err().kind(), io::ErrorKind::InvalidInput);
         b.revoke_exposed();
         assert_eq!(a.read_peer(addr, &mut dst).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        // Adjacent exposures read as one range, and still end where they end.
+        // SAFETY: `src` outlives these exposures (revoked below).
+        unsafe {
+            b.expose(addr, 400);
+            b.expose(addr + 400, 500);
+        }
+        a.read_peer(addr + 390, &mut part).unwrap();
+        assert_eq!(part, src[390..400]);
+        assert_eq!(a.read_peer(addr + 895, &mut part).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        b.revoke_exposed();
         // Dropping the exposing end revokes too.
         unsafe { b.expose(addr, src.len()) };
         drop(b);
