@@ -3,7 +3,7 @@
 //! system call on the data path.
 //!
 //! Single copy between threads is a plain copy out of the peer's buffer, so it is
-//! guarded by an [`Exposure`] per direction: the sender lists what it lets its peer
+//! guarded by an exposure list per direction: the sender lists what it lets its peer
 //! read while its call runs and withdraws it before the call returns; the reader
 //! copies only from a listed range, and a withdrawal waits for a copy in progress.
 
