@@ -164,4 +164,84 @@ mod tests {
         bad[17] = 200;
         assert!(Header::decode(&bad).unwrap_err().contains("dtype"));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn kind() -> impl Strategy<Value = FrameKind> {
+            prop_oneof![
+                Just(FrameKind::Data),
+                Just(FrameKind::Abort),
+                Just(FrameKind::Goodbye),
+                Just(FrameKind::Rendezvous),
+                Just(FrameKind::Ack),
+            ]
+        }
+
+        fn code<T: Copy + std::fmt::Debug + 'static>(from: fn(u8) -> Option<T>) -> impl Strategy<Value = T> {
+            let all: Vec<T> = (0..=u8::MAX).filter_map(from).collect();
+            proptest::sample::select(all)
+        }
+
+        fn header() -> impl Strategy<Value = Header> {
+            let sig = (
+                code(OpKind::from_code),
+                code(DType::from_code),
+                any::<u64>(),
+                any::<u32>(),
+                code(ReduceOp::from_code),
+            )
+                .prop_map(|(op, dtype, count, root, reduce_op)| CallSig {
+                    op,
+                    dtype,
+                    count,
+                    root,
+                    reduce_op,
+                });
+            (kind(), any::<u32>(), any::<u8>(), any::<u64>(), sig, any::<u32>())
+                .prop_map(|(kind, comm_id, epoch, seq, sig, len)| Header { kind, comm_id, epoch, seq, sig, len })
+        }
+
+        proptest! {
+            #[test]
+            fn every_valid_header_round_trips(h in header()) {
+                prop_assert_eq!(Header::decode(&h.encode()), Ok(h));
+            }
+
+            #[test]
+            fn arbitrary_bytes_never_panic_and_decode_only_what_encodes_back(
+                b in proptest::array::uniform32(any::<u8>()),
+                tail in any::<[u8; 8]>(),
+                framed in any::<bool>(),
+            ) {
+                let mut raw = [0u8; HEADER_LEN];
+                raw[..32].copy_from_slice(&b);
+                raw[32..].copy_from_slice(&tail);
+                if framed {
+                    // Mostly plausible frames, so the decoder's later checks run too.
+                    raw[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+                    raw[2] = VERSION;
+                    raw[3] %= 7;
+                    raw[16] %= 16;
+                    raw[17] %= 12;
+                    raw[18] %= 8;
+                }
+                if let Ok(h) = Header::decode(&raw) {
+                    // Everything but the reserved word is read back exactly.
+                    prop_assert_eq!(&h.encode()[..36], &raw[..36]);
+                }
+            }
+
+            #[test]
+            fn a_valid_header_with_one_bad_identity_byte_is_rejected(h in header(), at in 0usize..4, x in any::<u8>()) {
+                let mut raw = h.encode();
+                prop_assume!(raw[at] != x);
+                raw[at] = x;
+                // Magic, version and kind: any change is refused, except one kind for another.
+                let other_kind = at == 3 && (1..=5).contains(&x);
+                prop_assert_eq!(Header::decode(&raw).is_ok(), other_kind);
+            }
+        }
+    }
 }

@@ -49,7 +49,16 @@ impl<T: Element> SharedBuffer<T> {
     /// A zeroed buffer of `len` elements.
     pub fn new(len: usize) -> Result<SharedBuffer<T>> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "registered buffer of {len} elements of {} bytes is too large",
+                    std::mem::size_of::<T>()
+                ))
+            })?
+            .max(1);
         let name = format!(
             "braid-reg-{}-{}-{:x}",
             std::process::id(),
@@ -125,6 +134,8 @@ impl<T: Element> Drop for SharedBuffer<T> {
 pub struct PeerSegment {
     base: *const u8,
     bytes: usize,
+    /// Device and inode of the file mapped, to tell it from a later file of the same name.
+    file: (u64, u64),
 }
 
 // SAFETY: a read-only mapping; the executor reads it only inside a rendezvous.
@@ -155,7 +166,7 @@ impl PeerSegment {
             if p == libc::MAP_FAILED {
                 return Err(std::io::Error::last_os_error());
             }
-            Ok(PeerSegment { base: p as *const u8, bytes })
+            Ok(PeerSegment { base: p as *const u8, bytes, file: (st.st_dev, st.st_ino) })
         }
     }
 
@@ -166,6 +177,57 @@ impl PeerSegment {
         }
         // SAFETY: in bounds of a live read-only mapping.
         Some(unsafe { std::slice::from_raw_parts(self.base.add(offset), len) })
+    }
+}
+
+/// Whether the file `name` under /dev/shm is still the one `seg` maps (its owner
+/// unlinks it when it frees the buffer).
+fn still_linked(name: &str, seg: &PeerSegment) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/dev/shm/{name}")).is_ok_and(|m| (m.dev(), m.ino()) == seg.file)
+}
+
+/// Most peer segments one link keeps mapped; past it the least recently used goes.
+pub const MAX_CACHED_SEGMENTS: usize = 32;
+
+/// The registered segments of one peer mapped so far, by name. A mapping is
+/// dropped once its owner has freed the buffer (checked whenever a new segment is
+/// mapped, so a loop that allocates a buffer per step holds at most one stale
+/// mapping), and beyond [`MAX_CACHED_SEGMENTS`] the least recently used one goes.
+/// A hit costs a hash lookup: no system call per transfer.
+#[derive(Default)]
+pub struct SegmentCache {
+    /// name -> (mapping, tick of its last use)
+    segments: std::collections::HashMap<String, (PeerSegment, u64)>,
+    tick: u64,
+}
+
+impl SegmentCache {
+    /// The mapping of `name`, mapped now if it is not cached.
+    pub fn get_or_open(&mut self, name: &str) -> std::io::Result<&PeerSegment> {
+        self.tick += 1;
+        if !self.segments.contains_key(name) {
+            let seg = PeerSegment::open(name)?;
+            self.segments.retain(|n, (s, _)| still_linked(n, s));
+            if self.segments.len() >= MAX_CACHED_SEGMENTS {
+                let oldest = self.segments.iter().min_by_key(|(_, (_, t))| *t).map(|(n, _)| n.clone());
+                oldest.map(|n| self.segments.remove(&n));
+            }
+            self.segments.insert(name.to_owned(), (seg, 0));
+        }
+        let entry = self.segments.get_mut(name).expect("present: found or inserted above");
+        entry.1 = self.tick;
+        Ok(&entry.0)
+    }
+
+    /// How many segments are mapped.
+    pub fn len(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty()
     }
 }
 
@@ -195,5 +257,39 @@ mod tests {
         assert!(lookup(addr, 4).is_none());
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
         assert!(PeerSegment::open("../etc/passwd").is_err());
+    }
+
+    #[test]
+    fn len_times_element_size_overflow_is_an_error_not_a_tiny_mapping() {
+        // 2^63 elements of 4 bytes: the product wraps to 0 in release builds.
+        let e = SharedBuffer::<f32>::new(usize::MAX / 2 + 1).err().expect("must fail");
+        assert!(e.to_string().contains("too large"), "{e}");
+        assert!(SharedBuffer::<f64>::new(usize::MAX / 8 + 1).is_err());
+        // Does not wrap, but is more than a slice may span.
+        assert!(SharedBuffer::<u8>::new(isize::MAX as usize + 1).is_err());
+    }
+
+    #[test]
+    fn the_cache_drops_mappings_of_freed_segments_and_stays_capped() {
+        let mut cache = SegmentCache::default();
+        let first = SharedBuffer::<u8>::new(4096).unwrap();
+        let (first_name, _) = lookup(first.as_ptr() as usize, 1).unwrap();
+        cache.get_or_open(&first_name).unwrap();
+        for step in 0..10 {
+            let b = SharedBuffer::<u8>::new(4096).unwrap();
+            let (name, _) = lookup(b.as_ptr() as usize, 1).unwrap();
+            assert_eq!(cache.get_or_open(&name).unwrap().slice(0, 1).unwrap(), &[0]);
+            // The live first buffer and at most one freed one besides this step's.
+            assert!(cache.len() <= 3, "step {step}: {} mappings", cache.len());
+        }
+        assert!(cache.segments.contains_key(&first_name), "a live segment stays cached");
+        // Live segments past the cap: the least recently used goes.
+        let live: Vec<_> = (0..MAX_CACHED_SEGMENTS + 5).map(|_| SharedBuffer::<u8>::new(4096).unwrap()).collect();
+        for b in &live {
+            cache.get_or_open(&lookup(b.as_ptr() as usize, 1).unwrap().0).unwrap();
+            assert!(cache.len() <= MAX_CACHED_SEGMENTS);
+        }
+        assert!(!cache.segments.contains_key(&first_name), "least recently used evicted");
+        drop(first);
     }
 }

@@ -1,9 +1,15 @@
-//! The receive half of the executor's data path: reducing incoming bytes as they
+//! The receive half of the executor: reading and checking frame headers, matching
+//! each frame to the receive step it belongs to, reducing incoming bytes as they
 //! arrive (from a staging chunk, or straight out of a shared ring), and copying
 //! long plain receives out of a ring with non-temporal stores.
 
-use super::{peer_error, CallInfo, Channel, InMsg, REDUCE_GRAIN};
-use crate::error::Result;
+use std::collections::VecDeque;
+use std::io;
+
+use super::single_copy::{pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
+use super::{peer_error, CallInfo, Channel, InMsg, Rx, MAX_REASON, REDUCE_GRAIN, SEGMENT_BYTES};
+use crate::error::{Error, Result};
+use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
 
 /// Bytes of a forwarded segment reduced per pass before its forward gets a turn.
@@ -111,4 +117,213 @@ fn combine_at(dst: *mut u8, src: *const u8, lo: usize, inc: &[u8], call: &CallIn
             )
         }
     }
+}
+
+/// Read what `peer` sent: headers, rendezvous descriptors and payloads, each into
+/// the receive step at the front of `q`. Returns whether anything moved.
+pub(super) fn progress_recv(
+    ch: &mut Channel,
+    peer: usize,
+    q: &mut VecDeque<InMsg>,
+    gates: &mut [usize],
+    call: &CallInfo,
+) -> Result<bool> {
+    let mut progressed = false;
+    loop {
+        match &mut ch.rx {
+            Rx::Closed => {
+                if q.is_empty() {
+                    return Ok(progressed);
+                }
+                let e = io::Error::new(io::ErrorKind::UnexpectedEof, "closed");
+                return Err(peer_error(call, peer, true, e));
+            }
+            Rx::Header { have } => {
+                let n = match ch.link.try_read(&mut ch.hdr[*have..]) {
+                    Ok(n) => n,
+                    // An orderly close is only an error if this rank still needs the peer.
+                    Err(e) if ch.said_goodbye && *have == 0 && e.kind() == io::ErrorKind::UnexpectedEof => {
+                        ch.rx = Rx::Closed;
+                        continue;
+                    }
+                    Err(e) => return Err(peer_error(call, peer, ch.said_goodbye, e)),
+                };
+                if n == 0 {
+                    return Ok(progressed);
+                }
+                progressed = true;
+                *have += n;
+                if *have < HEADER_LEN {
+                    continue;
+                }
+                let h = Header::decode(&ch.hdr).map_err(|detail| Error::Protocol {
+                    ctx: call.ctx.clone(),
+                    peer,
+                    detail,
+                })?;
+                ch.rx = match h.kind {
+                    FrameKind::Data | FrameKind::Rendezvous => Rx::Ready(h),
+                    FrameKind::Ack => {
+                        if ch.acks_awaited == 0 {
+                            let detail = "acknowledgement of a transfer that was never announced".to_string();
+                            return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
+                        }
+                        ch.acks_awaited -= 1;
+                        Rx::Header { have: 0 }
+                    }
+                    FrameKind::Abort => Rx::Reason { want: (h.len as usize).min(MAX_REASON), buf: Vec::new() },
+                    FrameKind::Goodbye => {
+                        ch.said_goodbye = true;
+                        Rx::Header { have: 0 }
+                    }
+                };
+            }
+            Rx::Pad { left } => {
+                let mut sink = [0u8; PAYLOAD_ALIGN];
+                let n = ch.link.try_read(&mut sink[..*left]).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+                if n == 0 {
+                    return Ok(progressed);
+                }
+                progressed = true;
+                *left -= n;
+                if *left == 0 {
+                    ch.rx = Rx::Header { have: 0 };
+                }
+            }
+            Rx::Reason { want, buf } => {
+                let mut tmp = [0u8; 4096];
+                let take = (*want - buf.len()).min(tmp.len());
+                // A reason cut short by the peer's exit is still worth reporting.
+                let (n, cut) = match ch.link.try_read(&mut tmp[..take]) {
+                    Ok(n) => (n, false),
+                    Err(_) => (0, true),
+                };
+                buf.extend_from_slice(&tmp[..n]);
+                if buf.len() >= *want || cut {
+                    let reason = String::from_utf8_lossy(buf).into_owned();
+                    return Err(Error::PeerAborted { ctx: call.ctx.clone(), peer, reason });
+                }
+                if n == 0 {
+                    return Ok(progressed);
+                }
+                progressed = true;
+            }
+            Rx::Ready(ready) => {
+                // A copy, so the arm can hand `ch` to helpers.
+                let h = &{ *ready };
+                let Some(m) = q.front_mut() else { return Ok(progressed) };
+                if !m.started {
+                    // A rendezvous payload is a descriptor of DESC_FIXED..=DESC_MAX bytes.
+                    let wire_len = if h.kind == FrameKind::Rendezvous {
+                        (h.len as usize).clamp(DESC_FIXED, DESC_MAX)
+                    } else {
+                        m.len
+                    };
+                    check_header(h, wire_len, peer, call)?;
+                    if h.kind == FrameKind::Rendezvous && ch.single_copy == SingleCopy::Never {
+                        let detail = "rendezvous frame on a link that cannot read peer memory".to_string();
+                        return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
+                    }
+                    m.started = true;
+                }
+                if h.kind == FrameKind::Rendezvous {
+                    let n = ch
+                        .link
+                        .try_read(&mut m.desc[m.desc_got..h.len as usize])
+                        .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+                    m.desc_got += n;
+                    if m.desc_got < h.len as usize {
+                        return Ok(progressed | (n > 0));
+                    }
+                    pull_from_peer(ch, m, peer, call)?;
+                    if let Some(g) = m.feeds {
+                        gates[g] = m.len;
+                    }
+                    ch.acks_owed += 1;
+                    q.pop_front();
+                    ch.rx = after_payload(h);
+                    // Back to the main loop after each (long) single-copy read, so its
+                    // ack and any forward it unlocked go out before the next read.
+                    return Ok(true);
+                }
+                if m.got < m.len && ch.peek && (m.src.is_some() || m.stream) {
+                    progressed |= if m.src.is_some() {
+                        reduce_from_link(ch, m, peer, call)?
+                    } else {
+                        stream_from_link(ch, m, peer, call)?
+                    };
+                    if let Some(g) = m.feeds {
+                        gates[g] = m.reduced;
+                    }
+                    if m.got < m.len {
+                        return Ok(progressed);
+                    }
+                } else if m.got < m.len {
+                    let n = match m.src {
+                        None => {
+                            // SAFETY: dst..dst+len is inside a live buffer region.
+                            let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), m.len - m.got) };
+                            ch.link.try_read(dst)
+                        }
+                        Some(_) => {
+                            if ch.staging.len() < m.len {
+                                ch.staging.resize(SEGMENT_BYTES.max(m.len), 0);
+                            }
+                            ch.link.try_read(&mut ch.staging[m.got..m.len])
+                        }
+                    }
+                    .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+                    m.got += n;
+                    progressed |= n > 0;
+                    if m.src.is_some() {
+                        reduce_arrived(ch, m, call)?;
+                        if let Some(g) = m.feeds {
+                            gates[g] = m.reduced;
+                        }
+                    }
+                    if n == 0 && m.got < m.len {
+                        return Ok(progressed);
+                    }
+                }
+                if m.got == m.len {
+                    q.pop_front();
+                    ch.rx = after_payload(h);
+                    progressed = true;
+                }
+            }
+        }
+    }
+}
+
+/// The receive state after the payload of the frame `h`: its padding, if any, then
+/// the next header.
+fn after_payload(h: &Header) -> Rx {
+    match padding(h.kind, h.len as usize) {
+        0 => Rx::Header { have: 0 },
+        left => Rx::Pad { left },
+    }
+}
+
+fn check_header(h: &Header, want_len: usize, peer: usize, call: &CallInfo) -> Result<()> {
+    if h.comm_id != call.comm_id || h.epoch != call.epoch {
+        return Err(Error::Protocol {
+            ctx: call.ctx.clone(),
+            peer,
+            detail: format!(
+                "frame for communicator {:#x} epoch {} arrived on communicator {:#x} epoch {}",
+                h.comm_id, h.epoch, call.comm_id, call.epoch
+            ),
+        });
+    }
+    if h.seq != call.recv_seq || !call.sig.matches(&h.sig) {
+        return Err(Error::Mismatch { ctx: call.ctx.clone(), peer, ours: call.sig, theirs: h.sig, their_seq: h.seq });
+    }
+    if h.len as usize != want_len {
+        return Err(Error::Protocol {
+            ctx: call.ctx.clone(),
+            peer,
+            detail: format!("frame of {} bytes where this rank expects {want_len}", h.len),
+        });
+    }
+    Ok(())
 }

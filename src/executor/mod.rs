@@ -21,25 +21,28 @@
 //! the data. The receiver copies (or reduces) straight from the sender's memory in
 //! cache-sized chunks and answers with an ack; the sender's round ends only after
 //! the ack, so its buffer stays valid while it is read. One copy instead of two.
+//! A call that ends early (a timeout, a mismatch, an abort) revokes what it exposed
+//! ([`Link::revoke_exposed`]) before returning, so a peer that reads late gets an
+//! error instead of memory its owner has freed.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{BufId, Region, Schedule, Step};
 use crate::error::{Error, OpContext, Result};
-use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
+use crate::frame::{FrameKind, Header, HEADER_LEN};
 use crate::reduce;
-use crate::registered::PeerSegment;
+use crate::registered::SegmentCache;
 
 mod inbound;
 mod outbound;
 mod single_copy;
 use crate::transport::Link;
 use crate::types::{CallSig, DType, ReduceOp};
-use inbound::{reduce_arrived, reduce_from_link, stream_from_link};
+use inbound::progress_recv;
 use outbound::{frame_parts, progress_send, queue_send, writable};
-use single_copy::{pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
+use single_copy::{SingleCopy, DESC_MAX};
 
 /// Largest payload of one frame. Long transfers are cut into segments of this size
 /// so a receiver can reduce one while the next is in flight.
@@ -113,8 +116,10 @@ pub struct Channel {
     acks_awaited: usize,
     /// Rendezvous reads finished whose ack is still to be sent.
     acks_owed: usize,
-    /// The peer's registered segments mapped so far, by name.
-    peer_segments: HashMap<String, PeerSegment>,
+    /// The peer's registered segments mapped so far (until their owner frees them).
+    peer_segments: SegmentCache,
+    /// Whether this call exposed memory on the link ([`Link::expose`]), to revoke.
+    exposed: bool,
 }
 
 impl Channel {
@@ -126,7 +131,8 @@ impl Channel {
             forward_grain: if link.can_peek() { outbound::FORWARD_GRAIN } else { usize::MAX },
             acks_awaited: 0,
             acks_owed: 0,
-            peer_segments: HashMap::new(),
+            peer_segments: SegmentCache::default(),
+            exposed: false,
             link,
             hdr: [0; HEADER_LEN],
             rx: Rx::Header { have: 0 },
@@ -228,7 +234,7 @@ struct OutMsg {
     /// Data frames: the payload. Rendezvous frames: the data the peer will read.
     data: *const u8,
     len: usize,
-    /// Rendezvous payload (see [`DESC_FIXED`]) and its length.
+    /// Rendezvous payload (see [`single_copy::DESC_FIXED`]) and its length.
     desc: [u8; DESC_MAX],
     desc_len: usize,
     sent: usize,
@@ -295,7 +301,7 @@ pub struct Queues {
 }
 
 // SAFETY: the queues hold raw pointers only during `execute`, which empties them
-// before returning (on success and on error alike).
+// before returning (on success, on error and on panic alike: see `CallEnd`).
 unsafe impl Send for Queues {}
 
 /// Run `schedule` over `channels` (indexed by peer rank) with `bufs`.
@@ -311,11 +317,28 @@ pub fn execute(
     }
     queues.out.resize_with(channels.len(), VecDeque::new);
     queues.inq.resize_with(channels.len(), VecDeque::new);
-    let result = run_rounds(schedule, channels, queues, bufs, call);
-    // Never keep pointers into this call's buffers.
-    queues.out.iter_mut().for_each(VecDeque::clear);
-    queues.inq.iter_mut().for_each(VecDeque::clear);
-    result
+    let end = CallEnd { channels, queues };
+    run_rounds(schedule, end.channels, end.queues, bufs, call)
+}
+
+/// Ends a call's hold on its buffers however `execute` leaves it (success, error or
+/// panic): revokes what the peers were allowed to read, so a peer that reads late
+/// gets an error instead of freed memory, and forgets the queued pointers.
+struct CallEnd<'a> {
+    channels: &'a mut [Option<Channel>],
+    queues: &'a mut Queues,
+}
+
+impl Drop for CallEnd<'_> {
+    fn drop(&mut self) {
+        for ch in self.channels.iter_mut().flatten() {
+            if std::mem::take(&mut ch.exposed) {
+                ch.link.revoke_exposed();
+            }
+        }
+        self.queues.out.iter_mut().for_each(VecDeque::clear);
+        self.queues.inq.iter_mut().for_each(VecDeque::clear);
+    }
 }
 
 fn run_rounds(
@@ -413,8 +436,17 @@ impl InMsg {
 fn link_single_copy(channels: &[Option<Channel>], peer: usize, call: &CallInfo) -> Result<SingleCopy> {
     match channels.get(peer) {
         Some(Some(ch)) => Ok(ch.single_copy),
-        _ => Err(Error::InvalidArgument(format!("{}: schedule names rank {peer}, which has no link", call.ctx))),
+        _ => Err(no_link(peer, call)),
     }
+}
+
+/// The channel to `peer`; an error if there is no link.
+fn channel_mut<'a>(channels: &'a mut [Option<Channel>], peer: usize, call: &CallInfo) -> Result<&'a mut Channel> {
+    channels.get_mut(peer).and_then(Option::as_mut).ok_or_else(|| no_link(peer, call))
+}
+
+fn no_link(peer: usize, call: &CallInfo) -> Error {
+    Error::InvalidArgument(format!("{}: schedule names rank {peer}, which has no link", call.ctx))
 }
 
 /// (offset, length) of the frames a transfer of `len` bytes is cut into. Both ends
@@ -556,211 +588,4 @@ fn block_on_fds(
 /// Whether a channel still has work in this round.
 fn busy(ch: &Channel, out: &VecDeque<OutMsg>, inq: &VecDeque<InMsg>) -> bool {
     !out.is_empty() || !inq.is_empty() || ch.acks_awaited > 0 || ch.acks_owed > 0
-}
-
-fn progress_recv(
-    ch: &mut Channel,
-    peer: usize,
-    q: &mut VecDeque<InMsg>,
-    gates: &mut [usize],
-    call: &CallInfo,
-) -> Result<bool> {
-    let mut progressed = false;
-    loop {
-        match &mut ch.rx {
-            Rx::Closed => {
-                if q.is_empty() {
-                    return Ok(progressed);
-                }
-                let e = io::Error::new(io::ErrorKind::UnexpectedEof, "closed");
-                return Err(peer_error(call, peer, true, e));
-            }
-            Rx::Header { have } => {
-                let n = match ch.link.try_read(&mut ch.hdr[*have..]) {
-                    Ok(n) => n,
-                    // An orderly close is only an error if this rank still needs the peer.
-                    Err(e) if ch.said_goodbye && *have == 0 && e.kind() == io::ErrorKind::UnexpectedEof => {
-                        ch.rx = Rx::Closed;
-                        continue;
-                    }
-                    Err(e) => return Err(peer_error(call, peer, ch.said_goodbye, e)),
-                };
-                if n == 0 {
-                    return Ok(progressed);
-                }
-                progressed = true;
-                *have += n;
-                if *have < HEADER_LEN {
-                    continue;
-                }
-                let h = Header::decode(&ch.hdr).map_err(|detail| Error::Protocol {
-                    ctx: call.ctx.clone(),
-                    peer,
-                    detail,
-                })?;
-                ch.rx = match h.kind {
-                    FrameKind::Data | FrameKind::Rendezvous => Rx::Ready(h),
-                    FrameKind::Ack => {
-                        if ch.acks_awaited == 0 {
-                            let detail = "acknowledgement of a transfer that was never announced".to_string();
-                            return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
-                        }
-                        ch.acks_awaited -= 1;
-                        Rx::Header { have: 0 }
-                    }
-                    FrameKind::Abort => Rx::Reason { want: (h.len as usize).min(MAX_REASON), buf: Vec::new() },
-                    FrameKind::Goodbye => {
-                        ch.said_goodbye = true;
-                        Rx::Header { have: 0 }
-                    }
-                };
-            }
-            Rx::Pad { left } => {
-                let mut sink = [0u8; PAYLOAD_ALIGN];
-                let n = ch.link.try_read(&mut sink[..*left]).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
-                if n == 0 {
-                    return Ok(progressed);
-                }
-                progressed = true;
-                *left -= n;
-                if *left == 0 {
-                    ch.rx = Rx::Header { have: 0 };
-                }
-            }
-            Rx::Reason { want, buf } => {
-                let mut tmp = [0u8; 4096];
-                let take = (*want - buf.len()).min(tmp.len());
-                // A reason cut short by the peer's exit is still worth reporting.
-                let (n, cut) = match ch.link.try_read(&mut tmp[..take]) {
-                    Ok(n) => (n, false),
-                    Err(_) => (0, true),
-                };
-                buf.extend_from_slice(&tmp[..n]);
-                if buf.len() >= *want || cut {
-                    let reason = String::from_utf8_lossy(buf).into_owned();
-                    return Err(Error::PeerAborted { ctx: call.ctx.clone(), peer, reason });
-                }
-                if n == 0 {
-                    return Ok(progressed);
-                }
-                progressed = true;
-            }
-            Rx::Ready(ready) => {
-                // A copy, so the arm can hand `ch` to helpers.
-                let h = &{ *ready };
-                let Some(m) = q.front_mut() else { return Ok(progressed) };
-                if !m.started {
-                    // A rendezvous payload is a descriptor of DESC_FIXED..=DESC_MAX bytes.
-                    let wire_len = if h.kind == FrameKind::Rendezvous {
-                        (h.len as usize).clamp(DESC_FIXED, DESC_MAX)
-                    } else {
-                        m.len
-                    };
-                    check_header(h, wire_len, peer, call)?;
-                    if h.kind == FrameKind::Rendezvous && ch.single_copy == SingleCopy::Never {
-                        let detail = "rendezvous frame on a link that cannot read peer memory".to_string();
-                        return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
-                    }
-                    m.started = true;
-                }
-                if h.kind == FrameKind::Rendezvous {
-                    let n = ch
-                        .link
-                        .try_read(&mut m.desc[m.desc_got..h.len as usize])
-                        .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
-                    m.desc_got += n;
-                    if m.desc_got < h.len as usize {
-                        return Ok(progressed | (n > 0));
-                    }
-                    pull_from_peer(ch, m, peer, call)?;
-                    if let Some(g) = m.feeds {
-                        gates[g] = m.len;
-                    }
-                    ch.acks_owed += 1;
-                    q.pop_front();
-                    ch.rx = after_payload(h);
-                    // Back to the main loop after each (long) single-copy read, so its
-                    // ack and any forward it unlocked go out before the next read.
-                    return Ok(true);
-                }
-                if m.got < m.len && ch.peek && (m.src.is_some() || m.stream) {
-                    progressed |= if m.src.is_some() {
-                        reduce_from_link(ch, m, peer, call)?
-                    } else {
-                        stream_from_link(ch, m, peer, call)?
-                    };
-                    if let Some(g) = m.feeds {
-                        gates[g] = m.reduced;
-                    }
-                    if m.got < m.len {
-                        return Ok(progressed);
-                    }
-                } else if m.got < m.len {
-                    let n = match m.src {
-                        None => {
-                            // SAFETY: dst..dst+len is inside a live buffer region.
-                            let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), m.len - m.got) };
-                            ch.link.try_read(dst)
-                        }
-                        Some(_) => {
-                            if ch.staging.len() < m.len {
-                                ch.staging.resize(SEGMENT_BYTES.max(m.len), 0);
-                            }
-                            ch.link.try_read(&mut ch.staging[m.got..m.len])
-                        }
-                    }
-                    .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
-                    m.got += n;
-                    progressed |= n > 0;
-                    if m.src.is_some() {
-                        reduce_arrived(ch, m, call)?;
-                        if let Some(g) = m.feeds {
-                            gates[g] = m.reduced;
-                        }
-                    }
-                    if n == 0 && m.got < m.len {
-                        return Ok(progressed);
-                    }
-                }
-                if m.got == m.len {
-                    q.pop_front();
-                    ch.rx = after_payload(h);
-                    progressed = true;
-                }
-            }
-        }
-    }
-}
-
-/// The receive state after the payload of the frame `h`: its padding, if any, then
-/// the next header.
-fn after_payload(h: &Header) -> Rx {
-    match padding(h.kind, h.len as usize) {
-        0 => Rx::Header { have: 0 },
-        left => Rx::Pad { left },
-    }
-}
-
-fn check_header(h: &Header, want_len: usize, peer: usize, call: &CallInfo) -> Result<()> {
-    if h.comm_id != call.comm_id || h.epoch != call.epoch {
-        return Err(Error::Protocol {
-            ctx: call.ctx.clone(),
-            peer,
-            detail: format!(
-                "frame for communicator {:#x} epoch {} arrived on communicator {:#x} epoch {}",
-                h.comm_id, h.epoch, call.comm_id, call.epoch
-            ),
-        });
-    }
-    if h.seq != call.recv_seq || !call.sig.matches(&h.sig) {
-        return Err(Error::Mismatch { ctx: call.ctx.clone(), peer, ours: call.sig, theirs: h.sig, their_seq: h.seq });
-    }
-    if h.len as usize != want_len {
-        return Err(Error::Protocol {
-            ctx: call.ctx.clone(),
-            peer,
-            detail: format!("frame of {} bytes where this rank expects {want_len}", h.len),
-        });
-    }
-    Ok(())
 }

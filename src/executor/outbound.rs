@@ -6,14 +6,14 @@ use std::collections::VecDeque;
 use std::io;
 
 use super::single_copy::{describe, DESC_MAX};
-use super::{frames, link_single_copy, CallInfo, Channel, OutMsg, Queues};
+use super::{channel_mut, frames, CallInfo, Channel, OutMsg, Queues};
 use crate::error::Result;
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 
 /// Queue the frames of a transfer of `total` bytes at `base` to `peer`. A forward
 /// (`first_gate`) sends frame `k` only as far as gate `first_gate + k` allows.
 pub(super) fn queue_send(
-    channels: &[Option<Channel>],
+    channels: &mut [Option<Channel>],
     queues: &mut Queues,
     call: &CallInfo,
     peer: usize,
@@ -21,11 +21,18 @@ pub(super) fn queue_send(
     total: usize,
     first_gate: Option<usize>,
 ) -> Result<()> {
-    let mode = link_single_copy(channels, peer, call)?;
+    let ch = channel_mut(channels, peer, call)?;
     for (k, (off, len)) in frames(total).enumerate() {
         // SAFETY: off + len <= total, inside a region the caller checked.
         let data = unsafe { base.add(off) };
-        let single = mode.applies(data, len, total);
+        let single = ch.single_copy.applies(data, len, total);
+        if single {
+            // SAFETY: [data, data + len) lies in one of this call's buffers, which the
+            // caller of `execute` keeps alive until it returns, and `execute` revokes
+            // every exposure before returning (see `CallEnd`).
+            unsafe { ch.link.expose(data as usize, len) };
+            ch.exposed = true;
+        }
         let kind = if single { FrameKind::Rendezvous } else { FrameKind::Data };
         let (desc, desc_len) = if single { describe(data, len) } else { ([0; DESC_MAX], 0) };
         let wire_len = if single { desc_len } else { len };

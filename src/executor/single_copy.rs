@@ -8,7 +8,7 @@ use std::io;
 use super::{CallInfo, Channel, InMsg, RENDEZVOUS_BYTES, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::reduce;
-use crate::registered::{self, PeerSegment};
+use crate::registered;
 use crate::transport::{Link, TransportKind};
 
 /// Single-copy reductions read the peer's data in chunks of this size, then reduce
@@ -62,10 +62,17 @@ impl SingleCopy {
 /// The rendezvous payload for `len` bytes at `data`, naming the registered segment
 /// that holds them, if any.
 pub(super) fn describe(data: *const u8, len: usize) -> ([u8; DESC_MAX], usize) {
+    let reg = registered::lookup(data as usize, len);
+    encode_descriptor(data as usize, len, reg.as_ref().map(|(name, offset)| (name.as_str(), *offset)))
+}
+
+/// The rendezvous payload for `len` bytes at `addr`, at `offset` of the registered
+/// segment `name` if given (names are at most [`registered::MAX_NAME`] bytes).
+fn encode_descriptor(addr: usize, len: usize, reg: Option<(&str, usize)>) -> ([u8; DESC_MAX], usize) {
     let mut d = [0u8; DESC_MAX];
-    d[..8].copy_from_slice(&(data as u64).to_le_bytes());
+    d[..8].copy_from_slice(&(addr as u64).to_le_bytes());
     d[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-    let Some((name, offset)) = registered::lookup(data as usize, len) else { return (d, DESC_FIXED) };
+    let Some((name, offset)) = reg else { return (d, DESC_FIXED) };
     d[16..24].copy_from_slice(&(offset as u64).to_le_bytes());
     d[24] = name.len() as u8;
     d[DESC_FIXED..DESC_FIXED + name.len()].copy_from_slice(name.as_bytes());
@@ -93,20 +100,75 @@ pub(super) fn cma_for_plain_buffers() -> bool {
     *V.get_or_init(|| std::env::var("BRAID_CMA").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on")))
 }
 
+/// A rendezvous payload, checked.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Desc<'a> {
+    /// Where the data lies in the sender's address space.
+    pub addr: usize,
+    /// How long it is (the receiving step's length).
+    pub len: usize,
+    /// Offset of the data in the registered segment `name`.
+    pub offset: usize,
+    /// The registered segment holding the data, if any (`braid-reg-…`).
+    pub name: Option<&'a str>,
+}
+
+/// Parse and check the rendezvous payload `b` of a frame whose receive step
+/// expects `expected_len` bytes. Every field is the peer's to write, so nothing is
+/// trusted: lengths must agree, ranges must not wrap, and a segment name must be
+/// one of braid's (`braid-reg-` then letters, digits and dashes).
+pub(super) fn parse_descriptor(b: &[u8], expected_len: usize) -> std::result::Result<Desc<'_>, String> {
+    if !(DESC_FIXED..=DESC_MAX).contains(&b.len()) {
+        return Err(format!("rendezvous payload of {} bytes (expected {DESC_FIXED}..={DESC_MAX})", b.len()));
+    }
+    let field = |i: usize| {
+        let v = u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        usize::try_from(v).map_err(|_| format!("rendezvous field {v:#x} does not fit an address"))
+    };
+    let (addr, len, offset) = (field(0)?, field(8)?, field(16)?);
+    let name_len = b[24] as usize;
+    if len != expected_len {
+        return Err(format!("rendezvous of {len} bytes where this rank expects {expected_len}"));
+    }
+    if DESC_FIXED + name_len != b.len() {
+        return Err(format!("rendezvous names a segment of {name_len} bytes in a payload of {}", b.len()));
+    }
+    if addr.checked_add(len).is_none() {
+        return Err(format!("rendezvous range {addr:#x} + {len} wraps the address space"));
+    }
+    if name_len == 0 {
+        if offset != 0 {
+            return Err(format!("rendezvous offset {offset} without a registered segment"));
+        }
+        return Ok(Desc { addr, len, offset, name: None });
+    }
+    let name = std::str::from_utf8(&b[DESC_FIXED..])
+        .ok()
+        .filter(|n| n.len() > "braid-reg-".len() && n.starts_with("braid-reg-"))
+        .filter(|n| n.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'))
+        .ok_or_else(|| {
+            format!("rendezvous names `{}`, not a braid registered segment", b[DESC_FIXED..].escape_ascii())
+        })?;
+    if offset.checked_add(len).is_none() {
+        return Err(format!("rendezvous range {offset} + {len} of segment {name} wraps"));
+    }
+    Ok(Desc { addr, len, offset, name: Some(name) })
+}
+
 /// Single copy: read a rendezvous transfer straight from the peer's memory —
 /// into place for a plain receive, or chunk by chunk through a cache-sized staging
 /// buffer that is reduced while still hot.
 pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<()> {
-    let field = |i: usize| u64::from_le_bytes(m.desc[i..i + 8].try_into().expect("8 bytes")) as usize;
-    let (addr, len, offset) = (field(0), field(8), field(16));
-    let name_len = m.desc[24] as usize;
-    if len != m.len || DESC_FIXED + name_len != m.desc_got {
-        let detail = format!("rendezvous of {len} bytes where this rank expects {}", m.len);
-        return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
-    }
-    if name_len > 0 {
-        let name = String::from_utf8_lossy(&m.desc[DESC_FIXED..DESC_FIXED + name_len]).into_owned();
-        if pull_registered(ch, m, &name, offset, call)? {
+    // A copy (at most DESC_MAX bytes), so `m` stays free for the pull below.
+    let raw = m.desc;
+    let desc = parse_descriptor(&raw[..m.desc_got], m.len).map_err(|detail| Error::Protocol {
+        ctx: call.ctx.clone(),
+        peer,
+        detail,
+    })?;
+    let Desc { addr, len, offset, name } = desc;
+    if let Some(name) = name {
+        if pull_registered(ch, m, name, offset, call)? {
             tracing::trace!(peer, bytes = len, "single copy from the peer's registered segment {name}");
             return Ok(());
         }
@@ -154,18 +216,14 @@ pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call:
 /// reduce straight out of the mapping. Returns false when the segment cannot be
 /// mapped here, so the caller falls back to reading through the kernel.
 fn pull_registered(ch: &mut Channel, m: &mut InMsg, name: &str, offset: usize, call: &CallInfo) -> Result<bool> {
-    if !ch.peer_segments.contains_key(name) {
-        match PeerSegment::open(name) {
-            Ok(seg) => {
-                ch.peer_segments.insert(name.to_owned(), seg);
-            }
-            Err(e) => {
-                tracing::debug!("cannot map registered segment {name}: {e}; reading through the kernel");
-                return Ok(false);
-            }
+    let seg = match ch.peer_segments.get_or_open(name) {
+        Ok(seg) => seg,
+        Err(e) => {
+            tracing::debug!("cannot map registered segment {name}: {e}; reading through the kernel");
+            return Ok(false);
         }
-    }
-    let Some(peer) = ch.peer_segments.get(name).and_then(|seg| seg.slice(offset, m.len)) else { return Ok(false) };
+    };
+    let Some(peer) = seg.slice(offset, m.len) else { return Ok(false) };
     let op = call.reduce_op.combiner();
     // SAFETY: dst (and src) are live regions of this rank's buffers; src is dst or disjoint.
     unsafe {
@@ -178,4 +236,91 @@ fn pull_registered(ch: &mut Channel, m: &mut InMsg, name: &str, offset: usize, c
     }
     m.got = m.len;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name_strategy() -> impl Strategy<Value = String> {
+        "[a-z0-9-]{1,54}".prop_map(|tail| format!("braid-reg-{tail}"))
+    }
+
+    #[test]
+    fn a_real_descriptor_parses() {
+        let (d, n) = encode_descriptor(0x7f00_0000_1000, 1 << 20, Some(("braid-reg-12-3-ab", 4096)));
+        let desc = parse_descriptor(&d[..n], 1 << 20).unwrap();
+        assert_eq!(desc, Desc { addr: 0x7f00_0000_1000, len: 1 << 20, offset: 4096, name: Some("braid-reg-12-3-ab") });
+        let (d, n) = encode_descriptor(0x1000, 200_000, None);
+        assert_eq!(parse_descriptor(&d[..n], 200_000).unwrap().name, None);
+    }
+
+    #[test]
+    fn lies_are_rejected() {
+        let (d, n) = encode_descriptor(0x1000, 4096, Some(("braid-reg-1-2-3", 0)));
+        assert!(parse_descriptor(&d[..n], 4097).unwrap_err().contains("expects 4097"));
+        let mut bad = d;
+        bad[24] += 1; // name length longer than the payload
+        assert!(parse_descriptor(&bad[..n], 4096).is_err());
+        bad[24] = 200; // past any payload
+        assert!(parse_descriptor(&bad[..n], 4096).is_err());
+        let mut wrap = d;
+        wrap[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(parse_descriptor(&wrap[..n], 4096).unwrap_err().contains("wraps"));
+        let (d, n) = encode_descriptor(usize::MAX - 10, 4096, None);
+        assert!(parse_descriptor(&d[..n], 4096).unwrap_err().contains("wraps"));
+        for name in ["braid-ring-1", "braid-reg-", "braid-reg-../x", "braid-reg-a b", "braid-reg-\u{e9}", "../etc/pw"] {
+            let (d, n) = encode_descriptor(0x1000, 64, Some((name, 0)));
+            assert!(parse_descriptor(&d[..n], 64).unwrap_err().contains("not a braid"), "{name}");
+        }
+        let (mut d, n) = encode_descriptor(0x1000, 64, None);
+        d[16] = 8; // an offset with no segment
+        assert!(parse_descriptor(&d[..n], 64).is_err());
+        assert!(parse_descriptor(&d[..DESC_FIXED - 1], 64).is_err());
+        assert!(parse_descriptor(&[0u8; DESC_MAX + 1], 0).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..DESC_MAX + 8), want in any::<usize>()) {
+            let _ = parse_descriptor(&bytes, want);
+        }
+
+        #[test]
+        fn arbitrary_fixed_parts_are_accepted_only_when_consistent(
+            head in proptest::array::uniform25(any::<u8>()),
+            name in proptest::option::of(name_strategy()),
+            want in any::<usize>(),
+        ) {
+            let mut b = head.to_vec();
+            b[24] = name.as_ref().map_or(head[24], |n| n.len() as u8);
+            if let Some(n) = &name {
+                b.extend_from_slice(n.as_bytes());
+            }
+            if let Ok(d) = parse_descriptor(&b, want) {
+                prop_assert_eq!(d.len, want);
+                prop_assert!(d.addr.checked_add(d.len).is_some());
+                prop_assert!(d.offset.checked_add(d.len).is_some());
+                prop_assert_eq!(DESC_FIXED + d.name.map_or(0, str::len), b.len());
+                prop_assert!(d.name.is_none_or(|n| n.starts_with("braid-reg-")));
+            }
+        }
+
+        #[test]
+        fn every_valid_descriptor_round_trips(
+            addr in 1usize..usize::MAX / 2,
+            len in 0usize..usize::MAX / 2,
+            reg in proptest::option::of((name_strategy(), 0usize..usize::MAX / 2)),
+        ) {
+            let (d, n) = encode_descriptor(addr, len, reg.as_ref().map(|(name, off)| (name.as_str(), *off)));
+            let got = parse_descriptor(&d[..n], len).unwrap();
+            prop_assert_eq!(got, Desc {
+                addr,
+                len,
+                offset: reg.as_ref().map_or(0, |r| r.1),
+                name: reg.as_ref().map(|r| r.0.as_str()),
+            });
+        }
+    }
 }

@@ -1,9 +1,15 @@
 //! In-process links: ranks that are threads of one process talk through
 //! single-producer single-consumer byte rings ([`super::ring`]) on the heap. No
 //! system call on the data path.
+//!
+//! Single copy between threads is a plain copy out of the peer's buffer, so it is
+//! guarded by an exposure list per direction: the sender lists what it lets its peer
+//! read while its call runs and withdraws it before the call returns; the reader
+//! copies only from a listed range, and a withdrawal waits for a copy in progress.
 
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::transport::ring::{heap_ring, RingReader, RingWriter};
 use crate::transport::{Link, TransportKind};
@@ -11,11 +17,43 @@ use crate::transport::{Link, TransportKind};
 /// Bytes buffered per direction between two threads.
 pub const RING_BYTES: usize = 4 << 20;
 
+/// What one end of a link lets the other read, shared by both ends.
+#[derive(Default)]
+struct Exposure {
+    /// Held for reading across each copy out of an exposed range and for writing
+    /// while ranges are withdrawn, so a withdrawal waits for the copy in progress
+    /// and no copy starts from a range being withdrawn.
+    copying: RwLock<()>,
+    /// `[start, end)` of each exposed range. Adding one never waits for a copy.
+    ranges: Mutex<Vec<(usize, usize)>>,
+}
+
+impl Exposure {
+    fn add(&self, start: usize, end: usize) {
+        let mut ranges = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
+        // The frames of one transfer are adjacent: one range each, not one per frame,
+        // keeps the list (scanned by every read) as short as the call's transfers.
+        match ranges.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => ranges.push((start, end)),
+        }
+    }
+
+    fn revoke_all(&self) {
+        let _no_copy = self.copying.write().unwrap_or_else(PoisonError::into_inner);
+        self.ranges.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    }
+}
+
 /// One end of an in-process connection.
 pub struct LoopbackLink {
     peer: usize,
     tx: RingWriter,
     rx: RingReader,
+    /// Ranges of this thread's memory the peer may read.
+    mine: Arc<Exposure>,
+    /// Ranges of the peer thread's memory this end may read.
+    theirs: Arc<Exposure>,
 }
 
 impl LoopbackLink {
@@ -24,7 +62,11 @@ impl LoopbackLink {
     pub fn pair(a: usize, b: usize, capacity: usize) -> (LoopbackLink, LoopbackLink) {
         let (ab_tx, ab_rx) = heap_ring(capacity);
         let (ba_tx, ba_rx) = heap_ring(capacity);
-        (LoopbackLink { peer: b, tx: ab_tx, rx: ba_rx }, LoopbackLink { peer: a, tx: ba_tx, rx: ab_rx })
+        let (by_a, by_b) = (Arc::new(Exposure::default()), Arc::new(Exposure::default()));
+        (
+            LoopbackLink { peer: b, tx: ab_tx, rx: ba_rx, mine: by_a.clone(), theirs: by_b.clone() },
+            LoopbackLink { peer: a, tx: ba_tx, rx: ab_rx, mine: by_b, theirs: by_a },
+        )
     }
 
     /// A full mesh for `world` thread ranks: `result[r][p]` is rank r's link to p.
@@ -91,26 +133,58 @@ impl Link for LoopbackLink {
         true
     }
 
-    /// A plain copy from `addr` in this address space.
-    ///
-    /// Safety contract (the trait method is safe, so the caller upholds it): the
-    /// executor passes only the address of a buffer the peer thread announced,
-    /// keeps alive and does not write until this rank acknowledges the read, so
-    /// `[addr, addr + dst.len())` is live, initialised and not written concurrently.
+    /// A plain copy from `addr` in this address space, only out of a range the peer
+    /// thread exposed ([`Link::expose`]) and has not revoked; anything else is an
+    /// error. The exposure is held across the copy, so the peer's revocation (and
+    /// with it the end of its call, and the freeing of its buffer) waits for it.
     fn read_peer(&mut self, addr: usize, dst: &mut [u8]) -> io::Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
-        if addr == 0 || addr.checked_add(dst.len()).is_none() {
+        let Some(end) = addr.checked_add(dst.len()).filter(|_| addr != 0) else {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("bad peer address {addr:#x} for {} bytes from rank {}", dst.len(), self.peer),
             ));
+        };
+        let _copying = self.theirs.copying.read().unwrap_or_else(PoisonError::into_inner);
+        let exposed = {
+            let ranges = self.theirs.ranges.lock().unwrap_or_else(PoisonError::into_inner);
+            ranges.iter().any(|&(s, e)| addr >= s && end <= e)
+        };
+        if !exposed {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "rank {} does not expose [{addr:#x}, {end:#x}) (its call has ended, or the address is wrong)",
+                    self.peer
+                ),
+            ));
         }
-        // SAFETY: see the contract above; `dst` is a distinct exclusive borrow, so
-        // the ranges do not overlap.
+        // SAFETY: [addr, end) lies inside a range the peer exposed, which by
+        // `expose`'s contract stays allocated and initialised until the peer revokes
+        // it; revocation takes `copying` for writing, so it cannot happen while we
+        // hold it for reading. `dst` is an exclusive borrow of our own memory, which
+        // the peer never exposes to us, so the ranges do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
+    }
+
+    unsafe fn expose(&mut self, addr: usize, len: usize) {
+        if let Some(end) = addr.checked_add(len).filter(|_| len > 0) {
+            self.mine.add(addr, end);
+        }
+    }
+
+    fn revoke_exposed(&mut self) {
+        self.mine.revoke_all();
+    }
+}
+
+impl Drop for LoopbackLink {
+    fn drop(&mut self) {
+        // `expose` promises the memory only until revocation or drop.
+        self.mine.revoke_all();
     }
 }
 
@@ -157,13 +231,71 @@ mod tests {
     }
 
     #[test]
-    fn read_peer_copies_from_the_peer_threads_buffer() {
-        let (mut a, b) = LoopbackLink::pair(0, 1, 64);
+    fn read_peer_copies_only_what_the_peer_exposed_until_revoked() {
+        let (mut a, mut b) = LoopbackLink::pair(0, 1, 64);
         assert!(a.can_read_peer() && b.can_read_peer());
         let src: Vec<u8> = (0..1000u32).map(|i| (i % 253) as u8).collect();
+        let addr = src.as_ptr() as usize;
         let mut dst = vec![0u8; 1000];
-        a.read_peer(src.as_ptr() as usize, &mut dst).unwrap();
+        let err = a.read_peer(addr, &mut dst).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "not exposed yet: {err}");
+        assert!(err.to_string().contains("rank 1"), "{err}");
+        // SAFETY: `src` outlives the link pair's use of it (revoked below).
+        unsafe { b.expose(addr, src.len()) };
+        a.read_peer(addr, &mut dst).unwrap();
         assert_eq!(dst, src);
+        let mut part = [0u8; 10];
+        a.read_peer(addr + 990, &mut part).unwrap();
+        assert_eq!(part, src[990..]);
+        // One byte past the exposed range, and a range of the wrong direction.
+        assert_eq!(a.read_peer(addr + 991, &mut part).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(b.read_peer(addr, &mut part).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
         assert_eq!(a.read_peer(0, &mut dst).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(a.read_peer(usize::MAX - 3, &mut part).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        b.revoke_exposed();
+        assert_eq!(a.read_peer(addr, &mut dst).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        // Adjacent exposures read as one range, and still end where they end.
+        // SAFETY: `src` outlives these exposures (revoked below).
+        unsafe {
+            b.expose(addr, 400);
+            b.expose(addr + 400, 500);
+        }
+        a.read_peer(addr + 390, &mut part).unwrap();
+        assert_eq!(part, src[390..400]);
+        assert_eq!(a.read_peer(addr + 895, &mut part).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        b.revoke_exposed();
+        // Dropping the exposing end revokes too.
+        unsafe { b.expose(addr, src.len()) };
+        drop(b);
+        assert_eq!(a.read_peer(addr, &mut dst).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+    }
+
+    #[test]
+    fn revoking_waits_for_the_copy_in_progress() {
+        // The reader copies 8 MiB (an mmap'd allocation, unmapped when freed) in a
+        // loop while the owner revokes and frees it: every copy either completes
+        // from live memory or is refused; none faults or sees freed bytes.
+        let (mut reader, mut owner) = LoopbackLink::pair(0, 1, 64);
+        let src = vec![7u8; 8 << 20];
+        let addr = src.as_ptr() as usize;
+        // SAFETY: revoked below before `src` is dropped.
+        unsafe { owner.expose(addr, src.len()) };
+        let (first_tx, first_rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let mut dst = vec![0u8; 8 << 20];
+            let mut ok = 0;
+            while reader.read_peer(addr, &mut dst).is_ok() {
+                assert!(dst.iter().all(|&x| x == 7));
+                ok += 1;
+                if ok == 1 {
+                    first_tx.send(()).unwrap();
+                }
+            }
+            ok
+        });
+        first_rx.recv().unwrap();
+        owner.revoke_exposed();
+        drop(src);
+        assert!(t.join().unwrap() >= 1);
     }
 }

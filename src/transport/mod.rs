@@ -101,10 +101,32 @@ pub trait Link: Send {
 
     /// Single-copy path: copy `dst.len()` bytes from address `addr` of the peer's
     /// address space into `dst` (e.g. `process_vm_readv`, or a plain copy between
-    /// threads). Only called when `can_read_peer` is true, and only on memory the
-    /// peer has announced and keeps alive until this rank acknowledges the read.
+    /// threads). Only called when `can_read_peer` is true.
+    ///
+    /// This method is safe, so an implementation must be sound for *any* `addr` a
+    /// peer (or a caller) hands it: either the kernel checks the access
+    /// (`process_vm_readv` fails cleanly on unmapped memory of the other process), or
+    /// the implementation copies only from a range the peer currently exposes through
+    /// [`Link::expose`] and has not revoked, and holds off [`Link::revoke_exposed`]
+    /// until the copy is done. Anything else is an error, never a dereference.
     fn read_peer(&mut self, addr: usize, dst: &mut [u8]) -> io::Result<()> {
         let _ = (addr, dst);
         Err(io::Error::new(io::ErrorKind::Unsupported, "this link cannot read peer memory"))
     }
+
+    /// Announce that the peer may [`Link::read_peer`] `[addr, addr + len)` of this
+    /// rank's memory, until [`Link::revoke_exposed`] (or until this link is dropped).
+    /// Links whose peer reads through the kernel keep no record (the default).
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must stay allocated and initialised until this link's
+    /// next `revoke_exposed` returns or the link is dropped, whichever comes first.
+    unsafe fn expose(&mut self, addr: usize, len: usize) {
+        let _ = (addr, len);
+    }
+
+    /// Withdraw everything this end exposed. Waits for a copy the peer has in
+    /// progress; a later `read_peer` of those ranges fails. Called before the
+    /// exposed memory may be freed or reused.
+    fn revoke_exposed(&mut self) {}
 }
