@@ -34,7 +34,7 @@ use crate::registered::PeerSegment;
 
 mod inbound;
 mod outbound;
-mod single_copy;
+pub(crate) mod single_copy;
 use crate::transport::Link;
 use crate::types::{CallSig, DType, ReduceOp};
 use inbound::{reduce_arrived, reduce_from_link, stream_from_link};

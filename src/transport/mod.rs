@@ -93,10 +93,18 @@ pub trait Link: Send {
         let _ = n;
     }
 
-    /// Whether [`Link::read_peer`] works on this link (probed when it was set up).
-    /// Both ends of a link must answer the same, since it decides the framing.
+    /// Whether single copy (rendezvous framing) may be used on this link: the peer's
+    /// memory can be read here, at least its registered segments. Both ends of a
+    /// link must answer the same, since it decides the framing.
     fn can_read_peer(&self) -> bool {
         false
+    }
+
+    /// Whether [`Link::read_peer`] works for any address the peer announces, not
+    /// only its registered segments (threads of one process; shared memory with
+    /// CMA wanted and probed). Both ends must answer the same.
+    fn reads_peer_addresses(&self) -> bool {
+        self.can_read_peer()
     }
 
     /// Single-copy path: copy `dst.len()` bytes from address `addr` of the peer's
