@@ -239,3 +239,110 @@ pub(super) fn unlink_quietly(path: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn image(f: &HeaderFields) -> Vec<u8> {
+        use std::mem::offset_of;
+        let mut img = vec![0u8; SEG_HEADER_BYTES];
+        let mut put = |off: usize, b: &[u8]| img[off..off + b.len()].copy_from_slice(b);
+        put(offset_of!(SegHeader, magic), &f.magic.to_ne_bytes());
+        put(offset_of!(SegHeader, version), &f.version.to_ne_bytes());
+        put(offset_of!(SegHeader, ranks), &f.ranks[0].to_ne_bytes());
+        put(offset_of!(SegHeader, ranks) + 8, &f.ranks[1].to_ne_bytes());
+        put(offset_of!(SegHeader, ring_capacity), &f.ring_capacity.to_ne_bytes());
+        img
+    }
+
+    fn good(cap: u64) -> HeaderFields {
+        HeaderFields { magic: SEG_MAGIC, version: SEG_VERSION, ranks: [0, 1], ring_capacity: cap }
+    }
+
+    #[test]
+    fn a_good_header_gives_its_capacity_and_each_bad_field_is_named() {
+        let len = segment_len(512 << 10).unwrap() as u64;
+        assert_eq!(validate_header(&HeaderFields::parse(&image(&good(512 << 10))), len, 0, 1), Ok(512 << 10));
+        let e = validate_header(&good(512 << 10), len, 0, 2).unwrap_err();
+        assert!(e.contains("[0, 2]"), "{e}");
+        let e = validate_header(&good(512 << 10), len - 1, 0, 1).unwrap_err();
+        assert!(e.contains("bytes"), "{e}");
+        let e = validate_header(&HeaderFields { version: 1, ..good(512 << 10) }, len, 0, 1).unwrap_err();
+        assert!(e.contains("v2"), "{e}");
+        // A capacity whose segment length would wrap around to a small number.
+        for cap in [u64::MAX, u64::MAX - 4095, (usize::MAX / 2) as u64, MAX_RING_BYTES as u64 + 1, 0] {
+            assert!(validate_header(&good(cap), len, 0, 1).is_err(), "{cap}");
+        }
+        assert_eq!(segment_len(usize::MAX), None);
+        assert_eq!(segment_len(usize::MAX / 2), None);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+        /// Arbitrary header bytes and file lengths: the decoder never panics, and
+        /// whatever it accepts is a capacity in range whose segment is exactly the file.
+        #[test]
+        fn the_header_decoder_accepts_only_capacities_that_fill_the_file(
+            bytes in proptest::collection::vec(any::<u8>(), 0..SEG_HEADER_BYTES),
+            file_len in any::<u64>(),
+            creator in 0usize..8,
+            attacher in 0usize..8,
+        ) {
+            let f = HeaderFields::parse(&bytes);
+            if let Ok(cap) = validate_header(&f, file_len, creator, attacher) {
+                prop_assert!((1..=MAX_RING_BYTES).contains(&cap));
+                prop_assert_eq!(segment_len(cap).map(|l| l as u64), Some(file_len));
+            }
+        }
+
+        /// Valid magic and ranks, arbitrary capacity and length (the interesting
+        /// part, which random bytes almost never reach).
+        #[test]
+        fn any_capacity_is_accepted_only_with_its_exact_length(
+            cap in prop_oneof![any::<u64>(), 0u64..=(MAX_RING_BYTES as u64 + 8192), (u64::MAX - 8192)..=u64::MAX],
+            len in prop_oneof![any::<u64>(), 0u64..=(3 * MAX_RING_BYTES as u64)],
+            exact in any::<bool>(),
+        ) {
+            let want = usize::try_from(cap).ok().and_then(segment_len);
+            let file_len = if exact { want.map_or(len, |l| l as u64) } else { len };
+            match validate_header(&HeaderFields::parse(&image(&good(cap))), file_len, 0, 1) {
+                Ok(got) => {
+                    prop_assert_eq!(got as u64, cap);
+                    prop_assert!((1..=MAX_RING_BYTES).contains(&got));
+                    prop_assert_eq!(segment_len(got).map(|l| l as u64), Some(file_len));
+                }
+                Err(_) => prop_assert!(
+                    cap == 0 || cap > MAX_RING_BYTES as u64 || want.map(|l| l as u64) != Some(file_len)
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn rings_lie_inside_the_mapping() {
+        let file = tempfile_in_shm();
+        let cap = 1000;
+        // SAFETY: plain system call on our descriptor.
+        assert_eq!(unsafe { libc::ftruncate(file.as_raw_fd(), segment_len(cap).unwrap() as libc::off_t) }, 0);
+        let map = Mapping::map(&file, cap).unwrap();
+        let (r0, l0) = map.ring(0).unwrap();
+        let (r1, l1) = map.ring(1).unwrap();
+        assert_eq!((l0, l1), (ring::RING_HEADER_BYTES + cap, ring::RING_HEADER_BYTES + cap));
+        let base = map.ptr.as_ptr() as usize;
+        assert_eq!(r0.as_ptr() as usize - base, SEG_HEADER_BYTES);
+        assert!(r1.as_ptr() as usize - base + l1 <= map.len);
+        assert!(map.ring(2).is_err());
+        assert!(map.ring(usize::MAX).is_err());
+        assert!(Mapping::map(&file, 0).is_err() && Mapping::map(&file, usize::MAX).is_err());
+    }
+
+    fn tempfile_in_shm() -> File {
+        let path = format!("/dev/shm/braid-test-seg-{}-{:016x}", std::process::id(), super::super::random_u64());
+        let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+        unlink_quietly(Path::new(&path));
+        f
+    }
+}
