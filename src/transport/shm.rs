@@ -51,7 +51,7 @@ mod setup;
 
 use cma::{vm_read, PeerProc};
 pub use segment::MAX_RING_BYTES;
-use setup::{attach, create, setup_ctx, Setup};
+use setup::{attach, attach_published, create, file_key, need_file_key, setup_ctx, Attached, Setup};
 
 #[cfg(test)]
 mod tests;
@@ -380,7 +380,9 @@ pub fn connect_shm(opts: &ShmOptions, store: &dyn Store) -> Result<Vec<Option<Sh
     for b in (rank + 1..world).filter(|&b| wanted(b)) {
         setups.push(create(opts, b, store)?);
     }
-    let mut lower: Vec<usize> = (0..rank).filter(|&a| wanted(a)).collect();
+    // Lower peers whose segment is still to come: (rank, whether it is the named
+    // segment asked for because its memfd could not be opened here).
+    let mut lower: Vec<(usize, bool)> = (0..rank).filter(|&a| wanted(a)).map(|a| (a, false)).collect();
     let mut pause = Duration::from_micros(100);
     let mut last_check = Instant::now();
     let mut ptrace_ready = false;
@@ -388,14 +390,25 @@ pub fn connect_shm(opts: &ShmOptions, store: &dyn Store) -> Result<Vec<Option<Sh
         let mut progressed = false;
         let mut i = 0;
         while i < lower.len() {
-            let a = lower[i];
-            match store.get(&segment_key(&opts.key_prefix, a, rank))? {
-                Some(name) => {
-                    setups.push(attach(opts, a, &name)?);
+            let (a, want_file) = lower[i];
+            let key =
+                if want_file { file_key(&opts.key_prefix, a, rank) } else { segment_key(&opts.key_prefix, a, rank) };
+            let Some(published) = store.get(&key)? else {
+                i += 1;
+                continue;
+            };
+            progressed = true;
+            if want_file {
+                setups.push(attach(opts, a, &published)?);
+                lower.swap_remove(i);
+                continue;
+            }
+            match attach_published(opts, a, &published, store)? {
+                Attached::Done(s) => {
+                    setups.push(*s);
                     lower.swap_remove(i);
-                    progressed = true;
                 }
-                None => i += 1,
+                Attached::WantsFile => lower[i].1 = true,
             }
         }
         for s in setups.iter_mut() {
@@ -421,6 +434,12 @@ pub fn connect_shm(opts: &ShmOptions, store: &dyn Store) -> Result<Vec<Option<Sh
         }
         if last_check.elapsed() >= LIVENESS_INTERVAL {
             last_check = Instant::now();
+            // Rare (a peer that cannot see our /proc), so looked for only this often.
+            for s in setups.iter_mut().filter(|s| s.awaits_attach()) {
+                if store.get(&need_file_key(&opts.key_prefix, rank, s.peer))?.is_some() {
+                    s.offer_file(opts, store)?;
+                }
+            }
             for s in setups.iter().filter(|s| !s.done()) {
                 if s.watch.as_ref().is_some_and(|w| !w.alive()) {
                     return Err(Error::PeerLost {
@@ -432,7 +451,7 @@ pub fn connect_shm(opts: &ShmOptions, store: &dyn Store) -> Result<Vec<Option<Sh
             }
         }
         if Instant::now() >= deadline {
-            let mut waiting_on: Vec<usize> = lower.clone();
+            let mut waiting_on: Vec<usize> = lower.iter().map(|&(a, _)| a).collect();
             waiting_on.extend(setups.iter().filter(|s| !s.done()).map(|s| s.peer));
             waiting_on.sort_unstable();
             return Err(Error::Timeout { ctx: setup_ctx(rank), timeout: opts.timeout, waiting_on });

@@ -62,6 +62,9 @@ pub(super) struct SegHeader {
     pub proof: [Words; 2],
     /// The creator's verdict on the attacher's proof; its own proof is valid once accepted.
     pub verdict: AtomicU32,
+    /// Random, published with a memfd handle: tells the attacher it opened this
+    /// very segment and not some other descriptor that process holds.
+    pub segment_id: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<SegHeader>() <= SEG_HEADER_BYTES);
@@ -101,6 +104,7 @@ pub(super) struct HeaderFields {
     pub version: u32,
     pub ranks: [u64; 2],
     pub ring_capacity: u64,
+    pub segment_id: u64,
 }
 
 /// `N` bytes of `image` at `off`; bytes past its end read as zero.
@@ -124,21 +128,26 @@ impl HeaderFields {
             version: u32::from_ne_bytes(bytes_at(image, offset_of!(SegHeader, version))),
             ranks: [u64_at(ranks), u64_at(ranks + 8)],
             ring_capacity: u64_at(offset_of!(SegHeader, ring_capacity)),
+            segment_id: u64_at(offset_of!(SegHeader, segment_id)),
         }
     }
 }
 
 /// Check a header snapshot of a segment `file_len` bytes long that `creator` made
-/// for `attacher`; returns the ring capacity to use from then on. Pure, so it can
-/// be fed arbitrary values.
+/// for `attacher` (with id `segment_id`, when it was published with one); returns
+/// the ring capacity to use from then on. Pure, so it can be fed arbitrary values.
 pub(super) fn validate_header(
     f: &HeaderFields,
     file_len: u64,
     creator: usize,
     attacher: usize,
+    segment_id: Option<u64>,
 ) -> Result<usize, String> {
     if f.magic != SEG_MAGIC || f.version != SEG_VERSION {
         return Err(format!("not a braid v{SEG_VERSION} segment (magic {:#x}, version {})", f.magic, f.version));
+    }
+    if segment_id.is_some_and(|id| id != f.segment_id) {
+        return Err(format!("segment id {:#x} is not the one published", f.segment_id));
     }
     if f.ranks != [creator as u64, attacher as u64] {
         return Err(format!("it links ranks {:?}, not [{creator}, {attacher}]", f.ranks));
@@ -221,6 +230,70 @@ impl Drop for Mapping {
     }
 }
 
+/// Seals that make a memfd segment's length fixed for good: nobody (the peer
+/// included) can shrink it under our mapping (SIGBUS), grow it, or change the seals.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A sealed anonymous segment of `len` bytes (`memfd_create`, then `fallocate`,
+/// then [`SEALS`]).
+pub(super) fn create_memfd(name: &str, len: usize) -> io::Result<File> {
+    let cname = std::ffi::CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: a NUL-terminated name and flags; returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let len = libc::off_t::try_from(len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: plain system calls on our descriptor.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) } != 0
+        || unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+/// What the creator publishes for a memfd segment: where the attacher opens it
+/// (the creator's pid and descriptor) and the id in its header.
+pub(super) fn memfd_handle(pid: u32, fd: i32, segment_id: u64) -> String {
+    format!("memfd:{pid}:{fd}:{segment_id:016x}")
+}
+
+/// The pid, descriptor and id in a [`memfd_handle`], if `text` is one.
+pub(super) fn parse_memfd_handle(text: &[u8]) -> Option<(u32, i32, u64)> {
+    let text = std::str::from_utf8(text).ok()?.strip_prefix("memfd:")?;
+    let mut parts = text.split(':');
+    let pid = parts.next()?.parse().ok().filter(|&p: &u32| p > 0)?;
+    let fd = parts.next()?.parse().ok().filter(|&f: &i32| f >= 0)?;
+    let id = u64::from_str_radix(parts.next()?, 16).ok()?;
+    parts.next().is_none().then_some((pid, fd, id))
+}
+
+/// Open descriptor `fd` of process `pid` through `/proc` (the same memory object,
+/// read-write), and check that it is a sealed memfd: a regular file whose length
+/// nobody can change. Fails where `/proc` does not show that process (another pid
+/// namespace, `hidepid`) or ptrace policy forbids it; the caller then falls back
+/// to a named segment.
+pub(super) fn open_memfd(pid: u32, fd: i32) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(format!("/proc/{pid}/fd/{fd}"))?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
+    }
+    // SAFETY: plain system call on our descriptor.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & SEALS != SEALS {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("not a sealed memfd (seals {seals:#x})")));
+    }
+    Ok(file)
+}
+
 /// A segment's name in `/dev/shm`, unlinked on drop unless that already happened.
 pub(super) struct SegmentFile {
     pub path: PathBuf,
@@ -254,26 +327,29 @@ mod tests {
         put(offset_of!(SegHeader, ranks), &f.ranks[0].to_ne_bytes());
         put(offset_of!(SegHeader, ranks) + 8, &f.ranks[1].to_ne_bytes());
         put(offset_of!(SegHeader, ring_capacity), &f.ring_capacity.to_ne_bytes());
+        put(offset_of!(SegHeader, segment_id), &f.segment_id.to_ne_bytes());
         img
     }
 
     fn good(cap: u64) -> HeaderFields {
-        HeaderFields { magic: SEG_MAGIC, version: SEG_VERSION, ranks: [0, 1], ring_capacity: cap }
+        HeaderFields { magic: SEG_MAGIC, version: SEG_VERSION, ranks: [0, 1], ring_capacity: cap, segment_id: 7 }
     }
 
     #[test]
     fn a_good_header_gives_its_capacity_and_each_bad_field_is_named() {
         let len = segment_len(512 << 10).unwrap() as u64;
-        assert_eq!(validate_header(&HeaderFields::parse(&image(&good(512 << 10))), len, 0, 1), Ok(512 << 10));
-        let e = validate_header(&good(512 << 10), len, 0, 2).unwrap_err();
+        assert_eq!(validate_header(&HeaderFields::parse(&image(&good(512 << 10))), len, 0, 1, None), Ok(512 << 10));
+        let e = validate_header(&good(512 << 10), len, 0, 2, None).unwrap_err();
         assert!(e.contains("[0, 2]"), "{e}");
-        let e = validate_header(&good(512 << 10), len - 1, 0, 1).unwrap_err();
+        let e = validate_header(&good(512 << 10), len - 1, 0, 1, None).unwrap_err();
         assert!(e.contains("bytes"), "{e}");
-        let e = validate_header(&HeaderFields { version: 1, ..good(512 << 10) }, len, 0, 1).unwrap_err();
+        let e = validate_header(&HeaderFields { version: 1, ..good(512 << 10) }, len, 0, 1, None).unwrap_err();
         assert!(e.contains("v2"), "{e}");
         // A capacity whose segment length would wrap around to a small number.
+        let e = validate_header(&good(512 << 10), len, 0, 1, Some(8)).unwrap_err();
+        assert!(e.contains("segment id"), "{e}");
         for cap in [u64::MAX, u64::MAX - 4095, (usize::MAX / 2) as u64, MAX_RING_BYTES as u64 + 1, 0] {
-            assert!(validate_header(&good(cap), len, 0, 1).is_err(), "{cap}");
+            assert!(validate_header(&good(cap), len, 0, 1, None).is_err(), "{cap}");
         }
         assert_eq!(segment_len(usize::MAX), None);
         assert_eq!(segment_len(usize::MAX / 2), None);
@@ -290,9 +366,11 @@ mod tests {
             file_len in any::<u64>(),
             creator in 0usize..8,
             attacher in 0usize..8,
+            id in proptest::option::of(any::<u64>()),
         ) {
             let f = HeaderFields::parse(&bytes);
-            if let Ok(cap) = validate_header(&f, file_len, creator, attacher) {
+            if let Ok(cap) = validate_header(&f, file_len, creator, attacher, id) {
+                prop_assert!(id.is_none_or(|id| id == f.segment_id));
                 prop_assert!((1..=MAX_RING_BYTES).contains(&cap));
                 prop_assert_eq!(segment_len(cap).map(|l| l as u64), Some(file_len));
             }
@@ -308,7 +386,7 @@ mod tests {
         ) {
             let want = usize::try_from(cap).ok().and_then(segment_len);
             let file_len = if exact { want.map_or(len, |l| l as u64) } else { len };
-            match validate_header(&HeaderFields::parse(&image(&good(cap))), file_len, 0, 1) {
+            match validate_header(&HeaderFields::parse(&image(&good(cap))), file_len, 0, 1, Some(7)) {
                 Ok(got) => {
                     prop_assert_eq!(got as u64, cap);
                     prop_assert!((1..=MAX_RING_BYTES).contains(&got));

@@ -11,7 +11,7 @@
 //! so a process that learned the segment's name from the store but not the key
 //! cannot take the peer's place, and an answer from one pair is no use in another.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -44,8 +44,10 @@ pub(super) struct Setup {
     /// 0: this rank created the segment (lower rank); 1: it attached.
     pub side: usize,
     pub map: Arc<Mapping>,
-    /// The name, while it may still exist (the creator's, until the peer attached).
-    file: Option<SegmentFile>,
+    /// What keeps the segment reachable for the peer (the creator's, until the peer attached).
+    handle: Option<Handle>,
+    /// The creator replaced its memfd by a named segment at the peer's request.
+    file_offered: bool,
     /// Our probe token; the peer reads it, so it lives until both probes are done.
     token: Box<u64>,
     /// The peer's pid, read once from the header (0 until the creator sees the attacher).
@@ -85,7 +87,7 @@ impl Setup {
             if h.attached.load(Ordering::Acquire) != 1 {
                 return Ok(false);
             }
-            self.file = None; // unlinks the name: both sides have it mapped
+            self.handle = None; // closes the memfd or unlinks the name: both sides have it mapped
             self.peer_pid = h.pids[1].load(Ordering::Relaxed);
             self.watch = Some(PeerWatch::new(self.peer_pid));
             let theirs = load_words(&h.challenge[1]);
@@ -202,34 +204,86 @@ impl Setup {
     }
 }
 
-/// Create, fill in and publish the segment this (lower) rank shares with `peer`.
-pub(super) fn create(opts: &ShmOptions, peer: usize, store: &dyn Store) -> Result<Setup> {
+/// The store key under which an attacher that cannot open the creator's memfd
+/// asks for a named segment instead.
+pub(super) fn need_file_key(key_prefix: &str, a: usize, b: usize) -> String {
+    format!("{}/need-file", segment_key(key_prefix, a, b))
+}
+
+/// The store key under which the creator then publishes that named segment.
+pub(super) fn file_key(key_prefix: &str, a: usize, b: usize) -> String {
+    format!("{}/file", segment_key(key_prefix, a, b))
+}
+
+/// What keeps a created segment reachable by the peer until it attached.
+#[expect(dead_code, reason = "held only for what dropping it does: close the memfd or unlink the name")]
+pub(super) enum Handle {
+    /// A sealed memfd: the descriptor the peer opens through `/proc`.
+    Memfd(File),
+    /// A file in `/dev/shm`, unlinked on drop.
+    Named(SegmentFile),
+}
+
+/// Make and fill in a segment for `peer`: a sealed memfd when `memfd` (and the
+/// kernel allows it), else a file in `/dev/shm`. Returns the mapping, what keeps
+/// it reachable, and what to publish.
+fn new_segment(
+    opts: &ShmOptions,
+    peer: usize,
+    challenge: &Challenge,
+    token: &u64,
+    memfd: bool,
+) -> Result<(Arc<Mapping>, Handle, Vec<u8>)> {
     let rank = opts.rank;
     let cap = opts.ring_bytes;
-    let path = PathBuf::from(format!("{SHM_DIR}/braid-{}-{rank}-{peer}-{:016x}", std::process::id(), random_u64()));
-    let what = |doing: &str| format!("rank {rank}: {doing} shared-memory segment {} for rank {peer}", path.display());
     let len = segment_len(cap)
         .filter(|_| (1..=MAX_RING_BYTES).contains(&cap))
         .ok_or_else(|| Error::InvalidArgument(format!("shm ring size {cap} is not in 1..={MAX_RING_BYTES}")))?;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| Error::io(what("creating"), e))?;
-    // From here on, every early return unlinks the name (SegmentFile's drop).
-    let guard = SegmentFile { path: path.clone() };
-    // SAFETY: plain system call on our descriptor.
-    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) } != 0 {
-        let e = io::Error::last_os_error();
-        return Err(Error::io(what(&format!("reserving {len} bytes (is {SHM_DIR} full?) for")), e));
-    }
+    let pid = std::process::id();
+    let segment_id = random_u64();
+    let base = format!("braid-{pid}-{rank}-{peer}-{segment_id:016x}");
+    let sealed = if memfd {
+        create_memfd(&base, len)
+            .map_err(|e| tracing::debug!(rank, peer, "shm: no sealed memfd ({e}); using a file in {SHM_DIR}"))
+            .ok()
+    } else {
+        None
+    };
+    let (file, handle, published) = match sealed {
+        Some(file) => {
+            // The handle keeps its own descriptor open until the peer attached: that is the one published.
+            let kept = file.try_clone().map_err(|e| Error::io(format!("rank {rank}: keeping a memfd segment"), e))?;
+            let published = memfd_handle(pid, kept.as_raw_fd(), segment_id);
+            (file, Handle::Memfd(kept), published)
+        }
+        None => {
+            let path = PathBuf::from(format!("{SHM_DIR}/{base}"));
+            let what =
+                |doing: &str| format!("rank {rank}: {doing} shared-memory segment {} for rank {peer}", path.display());
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| Error::io(what("creating"), e))?;
+            // From here on, every early return unlinks the name (SegmentFile's drop).
+            let guard = SegmentFile { path: path.clone() };
+            // SAFETY: plain system call on our descriptor.
+            if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) } != 0 {
+                let e = io::Error::last_os_error();
+                return Err(Error::io(what(&format!("reserving {len} bytes (is {SHM_DIR} full?) for")), e));
+            }
+            let published = path.to_string_lossy().into_owned();
+            (file, Handle::Named(guard), published)
+        }
+    };
+    let what = |doing: &str| format!("rank {rank}: {doing} shared-memory segment {published} for rank {peer}");
     let map = Arc::new(Mapping::map(&file, cap).map_err(|e| Error::io(what("mapping"), e))?);
     for i in 0..2 {
         let (at, _) = map.ring(i).map_err(|e| Error::io(what("laying out"), e))?;
         // SAFETY: `Mapping::ring` checked the region lies inside the fresh mapping; it
-        // is page-aligned and nobody uses it yet (the name is not published).
+        // is page-aligned and nobody uses it yet (nothing is published).
         unsafe { ring::init(at, cap) };
     }
     let h = map.header();
@@ -237,15 +291,29 @@ pub(super) fn create(opts: &ShmOptions, peer: usize, store: &dyn Store) -> Resul
     h.ring_capacity.store(cap as u64, Ordering::Relaxed);
     h.ranks[0].store(rank as u64, Ordering::Relaxed);
     h.ranks[1].store(peer as u64, Ordering::Relaxed);
+    h.segment_id.store(segment_id, Ordering::Relaxed);
+    store_words(&h.challenge[0], challenge);
+    h.pids[0].store(pid as i32, Ordering::Relaxed);
+    h.probetoken[0].store(*token, Ordering::Relaxed);
+    h.probe_addr[0].store(token as *const u64 as u64, Ordering::Relaxed);
+    h.magic.store(SEG_MAGIC, Ordering::Release);
+    tracing::debug!(rank, peer, segment = %published, len, "shm: segment created");
+    Ok((map, handle, published.into_bytes()))
+}
+
+/// Create, fill in and publish the segment this (lower) rank shares with `peer`.
+pub(super) fn create(opts: &ShmOptions, peer: usize, store: &dyn Store) -> Result<Setup> {
+    let rank = opts.rank;
     let challenge = auth::challenge();
-    store_words(&h.challenge[0], &challenge);
-    let mut s = Setup {
+    let token = Box::new(random_u64());
+    let (map, handle, published) = new_segment(opts, peer, &challenge, &token, true)?;
+    let s = Setup {
         peer,
         rank,
         side: 0,
         map,
-        file: Some(guard),
-        token: Box::new(random_u64()),
+        handle: Some(handle),
+        token,
         peer_pid: 0,
         watch: None,
         key: opts.key.clone(),
@@ -255,15 +323,79 @@ pub(super) fn create(opts: &ShmOptions, peer: usize, store: &dyn Store) -> Resul
         cma: opts.cma,
         ready: false,
         probed: false,
+        file_offered: false,
     };
-    s.announce();
-    s.map.header().magic.store(SEG_MAGIC, Ordering::Release);
-    store.set(&segment_key(&opts.key_prefix, rank, peer), path.as_os_str().as_encoded_bytes())?;
-    tracing::debug!(rank, peer, path = %path.display(), len, "shm: segment created");
+    store.set(&segment_key(&opts.key_prefix, rank, peer), &published)?;
     Ok(s)
 }
 
-/// Map the segment lower rank `peer` published as `name`, check it, and answer its challenge.
+impl Setup {
+    /// Whether this (creating) side still waits for the peer to attach.
+    pub(super) fn awaits_attach(&self) -> bool {
+        self.side == 0 && self.handle.is_some() && !self.file_offered
+    }
+
+    /// The peer could not open our memfd: make a named segment in `/dev/shm`
+    /// instead and publish it under [`file_key`]. The memfd was never mapped by
+    /// anyone else, so it simply goes.
+    pub(super) fn offer_file(&mut self, opts: &ShmOptions, store: &dyn Store) -> Result<()> {
+        let (map, handle, published) = new_segment(opts, self.peer, &self.challenge, &self.token, false)?;
+        self.map = map;
+        self.handle = Some(handle);
+        self.file_offered = true;
+        store.set(&file_key(&opts.key_prefix, self.rank, self.peer), &published)?;
+        tracing::debug!(rank = self.rank, peer = self.peer, "shm: offered a named segment instead of a memfd");
+        Ok(())
+    }
+}
+
+/// What an attacher does with a segment handle from the store.
+pub(super) enum Attached {
+    Done(Box<Setup>),
+    /// The memfd could not be opened here; a named segment was asked for.
+    WantsFile,
+}
+
+/// Attach to what lower rank `peer` published: its memfd through `/proc` when
+/// that opens, else ask for a named segment; or a named segment directly.
+pub(super) fn attach_published(
+    opts: &ShmOptions,
+    peer: usize,
+    published: &[u8],
+    store: &dyn Store,
+) -> Result<Attached> {
+    let Some((pid, fd, id)) = parse_memfd_handle(published) else {
+        return Ok(Attached::Done(Box::new(attach(opts, peer, published)?)));
+    };
+    #[cfg(test)]
+    let opened = if tests_hook::REFUSE_MEMFD.get() {
+        Err(io::Error::new(io::ErrorKind::PermissionDenied, "refused by the test"))
+    } else {
+        open_memfd(pid, fd)
+    };
+    #[cfg(not(test))]
+    let opened = open_memfd(pid, fd);
+    match opened {
+        Ok(file) => {
+            let what = format!("memfd {fd} of pid {pid}");
+            Ok(Attached::Done(Box::new(attach_open(opts, peer, file, &what, Some(id))?)))
+        }
+        Err(e) => {
+            tracing::debug!(
+                rank = opts.rank,
+                peer,
+                pid,
+                fd,
+                "shm: cannot open the peer's memfd ({e}); asking for a file"
+            );
+            store.set(&need_file_key(&opts.key_prefix, peer, opts.rank), b"1")?;
+            Ok(Attached::WantsFile)
+        }
+    }
+}
+
+/// Map the segment lower rank `peer` published as `name` in `/dev/shm`, check
+/// it, and answer its challenge.
 pub(super) fn attach(opts: &ShmOptions, peer: usize, name: &[u8]) -> Result<Setup> {
     let rank = opts.rank;
     let path = PathBuf::from(String::from_utf8_lossy(name).into_owned());
@@ -285,17 +417,24 @@ pub(super) fn attach(opts: &ShmOptions, peer: usize, name: &[u8]) -> Result<Setu
         .map_err(|e| Error::io(what("opening"), e))?;
     // The name has served its purpose once we hold the file open.
     super::segment::unlink_quietly(&path);
+    attach_open(opts, peer, file, &path.display().to_string(), None)
+}
+
+/// Check and map the segment open in `file` (described as `desc`), and answer its challenge.
+fn attach_open(opts: &ShmOptions, peer: usize, file: File, desc: &str, id: Option<u64>) -> Result<Setup> {
+    let rank = opts.rank;
+    let what = |doing: &str| format!("rank {rank}: {doing} shared-memory segment {desc} of rank {peer}");
+    let bad = |detail: String| Error::Protocol { ctx: setup_ctx(rank), peer, detail };
     let meta = file.metadata().map_err(|e| Error::io(what("inspecting"), e))?;
     if !meta.file_type().is_file() {
-        return Err(bad(format!("segment {} is not a regular file", path.display())));
+        return Err(bad(format!("segment {desc} is not a regular file")));
     }
     // One snapshot of the header, checked, before anything is mapped: from here on
     // only the checked capacity is used, whatever the peer writes into the header.
     let mut image = vec![0u8; SEG_HEADER_BYTES];
     file.read_exact_at(&mut image, 0).map_err(|e| Error::io(what("reading the header of"), e))?;
     let fields = HeaderFields::parse(&image);
-    let cap = validate_header(&fields, meta.len(), peer, rank)
-        .map_err(|d| bad(format!("segment {}: {d}", path.display())))?;
+    let cap = validate_header(&fields, meta.len(), peer, rank, id).map_err(|d| bad(format!("segment {desc}: {d}")))?;
     let map = Arc::new(Mapping::map(&file, cap).map_err(|e| Error::io(what("mapping"), e))?);
     let h = map.header();
     let peer_pid = h.pids[0].load(Ordering::Relaxed);
@@ -309,7 +448,7 @@ pub(super) fn attach(opts: &ShmOptions, peer: usize, name: &[u8]) -> Result<Setu
         rank,
         side: 1,
         map,
-        file: None,
+        handle: None,
         token: Box::new(random_u64()),
         peer_pid,
         watch: Some(PeerWatch::new(peer_pid)),
@@ -320,9 +459,18 @@ pub(super) fn attach(opts: &ShmOptions, peer: usize, name: &[u8]) -> Result<Setu
         cma: opts.cma,
         ready: false,
         probed: false,
+        file_offered: false,
     };
     s.announce();
     s.map.header().attached.store(1, Ordering::Release);
-    tracing::debug!(rank, peer, path = %path.display(), "shm: segment attached");
+    tracing::debug!(rank, peer, segment = desc, "shm: segment attached");
     Ok(s)
+}
+
+/// Lets a test play a rank that cannot open its peer's memfd (another pid namespace).
+#[cfg(test)]
+pub(super) mod tests_hook {
+    thread_local! {
+        pub static REFUSE_MEMFD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
 }

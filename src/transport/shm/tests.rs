@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::bootstrap::{FileStore, MemStore};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -172,7 +173,8 @@ fn child_role() {
 fn two_processes_exchange_64_mib_both_ways_and_read_peer_memory() {
     let child = ChildRank::spawn("exchange");
     let (mut link, name) = child.connect();
-    assert!(!name.exists(), "segment {} still in /dev/shm after setup", name.display());
+    // Another process opened the memfd through /proc: nothing was ever named in /dev/shm.
+    assert!(segment::parse_memfd_handle(name.as_os_str().as_encoded_bytes()).is_some(), "{}", name.display());
     assert_eq!(link.peer(), 1);
     assert_eq!(link.kind(), TransportKind::Shm);
     assert_eq!(link.peer_pid(), child.pid());
@@ -314,8 +316,59 @@ fn creator_removes_its_segment_when_the_peer_never_comes() {
         other => panic!("expected a timeout, got {other}"),
     }
     let name = String::from_utf8(store.get(&segment_key("t", 0, 1)).unwrap().unwrap()).unwrap();
-    assert!(name.starts_with("/dev/shm/braid-"), "{name}");
-    assert!(!Path::new(&name).exists(), "{name} left behind");
+    assert!(segment::parse_memfd_handle(name.as_bytes()).is_some(), "{name}");
+    // Nothing named, so nothing can be left behind; and no fallback file either.
+    assert!(store.get(&setup::file_key("t", 0, 1)).unwrap().is_none());
+}
+
+#[test]
+fn a_rank_that_cannot_open_the_memfd_gets_a_named_segment_that_is_removed_after_setup() {
+    let store = MemStore::new();
+    let meshes = thread_ranks(&store, &[0, 1], |r| {
+        setup::tests_hook::REFUSE_MEMFD.set(r == 1);
+        let mut o = opts(r, 2);
+        o.ring_bytes = 1000;
+        o
+    });
+    let mut meshes: Vec<Vec<Option<ShmLink>>> = meshes.into_iter().map(|m| m.unwrap()).collect();
+    assert!(store.get(&setup::need_file_key("t", 0, 1)).unwrap().is_some());
+    let name = String::from_utf8(store.get(&setup::file_key("t", 0, 1)).unwrap().unwrap()).unwrap();
+    assert!(name.starts_with("/dev/shm/braid-") && !Path::new(&name).exists(), "{name}");
+    let mut l01 = meshes[0][1].take().unwrap();
+    let mut l10 = meshes[1][0].take().unwrap();
+    let data = stream(0, 5000);
+    let got = std::thread::scope(|s| {
+        s.spawn(|| exchange(&mut l01, &data, 0));
+        exchange(&mut l10, &[], data.len())
+    });
+    assert!(got == data);
+}
+
+#[test]
+fn a_sealed_segment_cannot_be_truncated_by_the_peer() {
+    let store = MemStore::new();
+    let creator = create(&opts(0, 2), 1, &store).unwrap();
+    let published = store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
+    let (pid, fd, _) = segment::parse_memfd_handle(&published).expect("a memfd segment here");
+    let Attached::Done(attacher) = attach_published(&opts(1, 2), 0, &published, &store).unwrap() else {
+        panic!("this process's own memfd must open");
+    };
+    // The peer, holding the same memory object read-write, tries to shrink and grow it.
+    let peer_view = segment::open_memfd(pid, fd).unwrap();
+    let len = peer_view.metadata().unwrap().len();
+    for to in [0, 4096, len + 4096] {
+        let e = peer_view.set_len(to).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "set_len({to}): {e}");
+    }
+    // SAFETY: plain system call on our descriptor.
+    let r = unsafe { libc::fallocate(peer_view.as_raw_fd(), 0, 0, (len + 4096) as libc::off_t) };
+    assert_eq!(r, -1, "growing past the seal");
+    assert_eq!(peer_view.metadata().unwrap().len(), len);
+    let (mut l0, mut l1) = (creator.into_link().unwrap(), attacher.into_link().unwrap());
+    assert_eq!(l0.try_write(&[b"still here"]).unwrap(), 10);
+    let mut buf = [0u8; 10];
+    assert_eq!(l1.try_read(&mut buf).unwrap(), 10);
+    assert_eq!(&buf, b"still here");
 }
 
 #[test]
@@ -338,6 +391,13 @@ fn bad_segment_names_and_options_are_refused() {
     assert!(err.contains("rank 0") && err.contains("/dev/shm"), "{err}");
     store.set(&segment_key("t", 0, 1), b"/dev/shm/../etc/passwd").unwrap();
     assert!(matches!(connect_shm(&opts(1, 2), &store), Err(Error::Protocol { peer: 0, .. })));
+    // A handle naming a descriptor that is no sealed memfd (pid 1's stdin): never
+    // mapped; a named segment is asked for instead, which never comes.
+    store.set(&segment_key("t", 0, 1), b"memfd:1:0:0").unwrap();
+    let mut o = opts(1, 2);
+    o.timeout = Duration::from_millis(300);
+    assert!(matches!(connect_shm(&o, &store), Err(Error::Timeout { .. })));
+    assert!(store.get(&setup::need_file_key("t", 0, 1)).unwrap().is_some());
     let mut o = opts(0, 2);
     o.peers = vec![true];
     assert!(matches!(connect_shm(&o, &store), Err(Error::InvalidArgument(_))));
@@ -353,7 +413,7 @@ fn a_peer_rewriting_the_ring_capacity_after_validation_is_refused() {
         let store = MemStore::new();
         let creator = create(&opts(0, 2), 1, &store).unwrap();
         let name = store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
-        let attacher = attach(&opts(1, 2), 0, &name).unwrap();
+        let Attached::Done(attacher) = attach_published(&opts(1, 2), 0, &name, &store).unwrap() else { panic!() };
         // The creator, playing a bad peer, rewrites the capacity the attacher validated.
         creator.map.header().ring_capacity.store(bad, Ordering::Relaxed);
         let link = attacher.into_link().map(|_| ());
@@ -372,7 +432,7 @@ fn hand_made_pair(ring_bytes: usize) -> (ShmLink, ShmLink, Arc<segment::Mapping>
     o0.ring_bytes = ring_bytes;
     let creator = create(&o0, 1, &store).unwrap();
     let name = store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
-    let attacher = attach(&opts(1, 2), 0, &name).unwrap();
+    let Attached::Done(attacher) = attach_published(&opts(1, 2), 0, &name, &store).unwrap() else { panic!() };
     let map = creator.map.clone();
     (creator.into_link().unwrap(), attacher.into_link().unwrap(), map)
 }
@@ -464,7 +524,7 @@ fn a_forged_creator_proof_is_refused_by_the_attacher() {
     o1.key = o0.key.clone();
     let mut creator = create(&o0, 1, &store).unwrap();
     let name = store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
-    let mut attacher = attach(&o1, 0, &name).unwrap();
+    let Attached::Done(mut attacher) = attach_published(&o1, 0, &name, &store).unwrap() else { panic!() };
     assert!(creator.advance_auth().unwrap());
     // A stranger rewrites the creator's answer after the verdict.
     segment::store_words(&creator.map.header().proof[0], &[7u8; 32]);
