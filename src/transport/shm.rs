@@ -2,12 +2,22 @@
 //!
 //! Each pair of ranks shares one segment: a small header, then two byte rings
 //! ([`super::ring`]), lower rank to higher and back. The lower rank creates the
-//! segment as a file in `/dev/shm` with a unique name, `fallocate`s it (a full
-//! `/dev/shm` fails here, not as a SIGBUS on first touch later), maps it and
-//! publishes the name in the store under `{key_prefix}/shm/{a}/{b}`; the higher
-//! rank maps it and says so in the header. The name is unlinked as soon as the
-//! peer has mapped it (by both sides, whoever is first), and on every error
-//! path, so a crash leaves nothing behind in `/dev/shm` after setup.
+//! segment as a sealed memfd: `fallocate`d (a full tmpfs fails here, not as a
+//! SIGBUS on first touch later), then sealed against shrinking and growing, so
+//! a peer cannot truncate it under our mapping (which would SIGBUS this process).
+//! It publishes `memfd:{pid}:{fd}:{id}` in the store under
+//! `{key_prefix}/shm/{a}/{b}`; the higher rank opens `/proc/{pid}/fd/{fd}`, checks
+//! the seals and the id in the header, maps it and says so in the header; the
+//! creator then closes its descriptor, so a crash leaves nothing behind.
+//!
+//! Where `/proc` does not show the creator (another pid namespace, `hidepid`) or
+//! memfds are unavailable, the segment is a file in `/dev/shm` with a unique
+//! name instead (the attacher asks for one under `{...}/need-file`; the creator
+//! publishes it under `{...}/file`). Such a file cannot be sealed (tmpfs allows
+//! seals only on memfds), so there a peer that truncates it can still crash us
+//! with SIGBUS; the mapping's length is fixed at creation and never re-read from
+//! the file. The name is unlinked as soon as the peer has opened it, and on every
+//! error path.
 //!
 //! A peer process that is killed leaves no end-of-stream mark in the rings, so
 //! the header carries both pids and a link checks its peer's liveness (a pidfd,
