@@ -110,7 +110,9 @@ pub trait Link: Send {
     /// Single-copy path: copy `dst.len()` bytes from address `addr` of the peer's
     /// address space into `dst` (e.g. `process_vm_readv`, or a plain copy between
     /// threads). Only called when `can_read_peer` is true, and only on memory the
-    /// peer has announced and keeps alive until this rank acknowledges the read.
+    /// peer has announced and keeps alive until this rank acknowledges the read. A
+    /// link whose [`Link::reads_peer_addresses`] is false answers `Unsupported`
+    /// (the executor then fails the receive naming the peer).
     fn read_peer(&mut self, addr: usize, dst: &mut [u8]) -> io::Result<()> {
         let _ = (addr, dst);
         Err(io::Error::new(io::ErrorKind::Unsupported, "this link cannot read peer memory"))
