@@ -464,6 +464,8 @@ impl CommunicatorBuilder {
             opts.peers = shm_peers;
             opts.timeout = cfg.timeout;
             opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(topo.local_size));
+            opts.cma = crate::executor::single_copy::cma_for_plain_buffers();
+            opts.key = cfg.job_key.clone();
             for (p, l) in connect_shm(&opts, &scoped)?.into_iter().enumerate() {
                 if let Some(l) = l {
                     links[p] = Some(Box::new(l));

@@ -190,7 +190,7 @@ impl Drop for Probe {
 impl Probe {
     fn create(rank: usize) -> Result<Probe> {
         let token = format!("{:016x}{:016x}", random_u64(), random_u64());
-        let path = PathBuf::from(format!("/dev/shm/braid-probe-{}-{rank}-{:016x}", std::process::id(), random_u64()));
+        let path = PathBuf::from(format!("{PROBE_PREFIX}{}-{rank}-{:016x}", std::process::id(), random_u64()));
         let what = |e, path: &Path| Error::io(format!("rank {rank}: creating topology probe {}", path.display()), e);
         // Owner-only, like the shm segments: a rank that cannot open this could
         // not open a segment either, so it should not count as the same host.
@@ -203,13 +203,36 @@ impl Probe {
     }
 }
 
+/// Directory and name prefix of every probe file: the only paths [`probe_matches`] opens.
+const PROBE_PREFIX: &str = "/dev/shm/braid-probe-";
+
+/// Whether `path` names a probe file braid could have made: directly in
+/// `/dev/shm`, named `braid-probe-` and then only letters, digits and `-`
+/// (so no `/`, no `..`, nothing another directory could be reached through).
+fn is_probe_path(path: &str) -> bool {
+    path.strip_prefix(PROBE_PREFIX)
+        .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+}
+
 /// Whether the probe at `path` exists here and holds `token`.
-fn probe_matches(path: &Path, token: &str) -> bool {
-    let mut got = String::new();
-    match OpenOptions::new().read(true).open(path) {
-        Ok(mut f) => f.read_to_string(&mut got).is_ok() && got == token,
-        Err(_) => false,
+///
+/// Both come from the store, so neither is trusted: only braid's own probe names
+/// are opened, without following a link and without blocking (a FIFO planted
+/// under such a name answers at once), only a regular file counts, and at most
+/// one byte more than the token is read (a huge file cannot exhaust this rank).
+fn probe_matches(path: &str, token: &str) -> bool {
+    if !is_probe_path(path) {
+        tracing::debug!(path, "topology: a probe path outside {PROBE_PREFIX}* is not opened");
+        return false;
     }
+    let Ok(f) = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path) else {
+        return false;
+    };
+    if !f.metadata().is_ok_and(|m| m.file_type().is_file()) {
+        return false;
+    }
+    let mut got = Vec::with_capacity(token.len() + 1);
+    f.take(token.len() as u64 + 1).read_to_end(&mut got).is_ok() && got == token.as_bytes()
 }
 
 fn probe_key(prefix: &str, rank: usize) -> String {
@@ -272,7 +295,7 @@ pub fn discover(rank: usize, world: usize, store: &dyn Store, key_prefix: &str, 
             let raw = store.get(&probe_key(key_prefix, r))?.unwrap_or_default();
             let text = String::from_utf8_lossy(&raw);
             match text.split_once(' ') {
-                Some((token, path)) => probe_matches(Path::new(path), token),
+                Some((token, path)) => probe_matches(path, token),
                 None => false,
             }
         };
@@ -423,5 +446,59 @@ mod tests {
         );
         let err = choose_transports(&t, 0, Some(&[InProcess])).unwrap_err().to_string();
         assert!(err.contains("cannot reach rank 1") && err.contains("[inproc]"), "{err}");
+    }
+
+    #[test]
+    fn probe_paths_outside_braids_own_names_are_not_followed() {
+        let dir = format!("{PROBE_PREFIX}fifo-{}-{:016x}", std::process::id(), random_u64());
+        let fifo = std::ffi::CString::new(dir.clone()).unwrap();
+        // SAFETY: a NUL-terminated path; creates a FIFO nobody writes to.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let link = format!("{dir}-link");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        let started = Instant::now();
+        for path in [
+            dir.as_str(),
+            link.as_str(),
+            "/dev/zero",
+            "/dev/shm/braid-probe-../../dev/zero",
+            "/dev/shm/braid-probe-x/../../../dev/zero",
+            "/dev/shm/other-name",
+            "/dev/shm/braid-probe-",
+            "/tmp/braid-probe-1",
+        ] {
+            assert!(!probe_matches(path, "00112233"), "{path}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+        let _ = std::fs::remove_file(&dir);
+        let _ = std::fs::remove_file(&link);
+        assert!(is_probe_path("/dev/shm/braid-probe-123-0-00ff") && !is_probe_path("/dev/shm/braid-probe-a/b"));
+    }
+
+    #[test]
+    fn a_probe_is_read_only_up_to_the_token_length() {
+        let probe = Probe::create(0).unwrap();
+        let path = probe.path.to_str().unwrap().to_owned();
+        assert!(probe_matches(&path, &probe.token));
+        // The same file with more after the token: not a match, and not read whole.
+        std::fs::write(&path, format!("{}{}", probe.token, "x".repeat(1 << 20))).unwrap();
+        assert!(!probe_matches(&path, &probe.token));
+        assert!(!probe_matches(&path, "wrong"));
+    }
+
+    #[test]
+    fn a_fifo_published_as_a_probe_is_another_host_without_a_hang() {
+        let store = MemStore::new();
+        let fifo = format!("{PROBE_PREFIX}evil-{}-{:016x}", std::process::id(), random_u64());
+        let c = std::ffi::CString::new(fifo.clone()).unwrap();
+        // SAFETY: a NUL-terminated path; creates a FIFO nobody writes to.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        store.set(&probe_key("f", 1), format!("00112233 {fifo}").as_bytes()).unwrap();
+        store.set(&row_key("f", 1), b"01").unwrap();
+        let started = Instant::now();
+        let t = discover(0, 2, &store, "f", Duration::from_secs(10)).unwrap();
+        assert_eq!(t.host_of, vec![0, 1]);
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        let _ = std::fs::remove_file(&fifo);
     }
 }

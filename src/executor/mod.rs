@@ -37,7 +37,7 @@ use crate::registered::SegmentCache;
 
 mod inbound;
 mod outbound;
-mod single_copy;
+pub(crate) mod single_copy;
 use crate::transport::Link;
 use crate::types::{CallSig, DType, ReduceOp};
 use inbound::progress_recv;

@@ -9,7 +9,7 @@ use super::{CallInfo, Channel, InMsg, RENDEZVOUS_BYTES, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::registered;
-use crate::transport::{Link, TransportKind};
+use crate::transport::Link;
 
 /// Single-copy reductions read the peer's data in chunks of this size, then reduce
 /// each chunk while it is still in cache. Measured on the 2-core VM (2 ranks): 1 MiB
@@ -37,13 +37,16 @@ pub(super) enum SingleCopy {
 }
 
 impl SingleCopy {
+    /// Shared memory: registered buffers single-copy through the peer's mapped
+    /// segment; plain ones too only when the link reads any peer address (CMA
+    /// wanted with `BRAID_CMA=1` and probed in both directions at connect time).
     pub(super) fn for_link(link: &dyn Link) -> SingleCopy {
         if !link.can_read_peer() {
             SingleCopy::Never
-        } else if link.kind() == TransportKind::Shm && !cma_for_plain_buffers() {
-            SingleCopy::Registered
-        } else {
+        } else if link.reads_peer_addresses() {
             SingleCopy::Always
+        } else {
+            SingleCopy::Registered
         }
     }
 
@@ -95,7 +98,7 @@ pub(super) fn rendezvous_bytes() -> usize {
 /// through `process_vm_readv`: only with `BRAID_CMA=1`. Off by default because
 /// the shared ring measured faster at every size on the 2-core VM (pinning each
 /// 4 KiB page costs more than the ring's extra copy through cache).
-pub(super) fn cma_for_plain_buffers() -> bool {
+pub(crate) fn cma_for_plain_buffers() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("BRAID_CMA").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on")))
 }

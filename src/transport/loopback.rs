@@ -94,11 +94,11 @@ impl Link for LoopbackLink {
         if self.tx.is_reader_closed() {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, "peer thread dropped its link"));
         }
-        Ok(self.tx.write(bufs))
+        self.tx.write(bufs)
     }
 
     fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.rx.read(buf);
+        let n = self.rx.read(buf)?;
         if n == 0 && !buf.is_empty() && self.rx.is_writer_closed() && self.rx.is_empty() {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer thread closed its link"));
         }
@@ -113,7 +113,7 @@ impl Link for LoopbackLink {
         if self.rx.is_empty() && max > 0 && self.rx.is_writer_closed() {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer thread closed its link"));
         }
-        Ok(self.rx.peek(max))
+        self.rx.peek(max)
     }
 
     fn consume(&mut self, n: usize) {

@@ -93,15 +93,25 @@ pub trait Link: Send {
         let _ = n;
     }
 
-    /// Whether [`Link::read_peer`] works on this link (probed when it was set up).
-    /// Both ends of a link must answer the same, since it decides the framing.
+    /// Whether single copy (rendezvous framing) may be used on this link: the peer's
+    /// memory can be read here, at least its registered segments. Both ends of a
+    /// link must answer the same, since it decides the framing.
     fn can_read_peer(&self) -> bool {
         false
     }
 
+    /// Whether [`Link::read_peer`] works for any address the peer announces, not
+    /// only its registered segments (threads of one process; shared memory with
+    /// CMA wanted and probed). Both ends must answer the same.
+    fn reads_peer_addresses(&self) -> bool {
+        self.can_read_peer()
+    }
+
     /// Single-copy path: copy `dst.len()` bytes from address `addr` of the peer's
     /// address space into `dst` (e.g. `process_vm_readv`, or a plain copy between
-    /// threads). Only called when `can_read_peer` is true.
+    /// threads). Only called when `can_read_peer` is true. A link whose
+    /// [`Link::reads_peer_addresses`] is false answers `Unsupported` (the executor
+    /// then fails the receive naming the peer).
     ///
     /// This method is safe, so an implementation must be sound for *any* `addr` a
     /// peer (or a caller) hands it: either the kernel checks the access

@@ -127,17 +127,55 @@ impl View {
     }
 }
 
+/// The error for counters no correct peer can produce: the ring is corrupt or
+/// the peer is not following the protocol.
+fn corrupt(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
 /// The writing end of a ring. Exactly one exists per ring.
-pub struct RingWriter(View);
+///
+/// The peer (possibly another process) can write anything into the ring header
+/// at any time, so this end keeps its own `head` and the last `tail` it saw, and
+/// never uses a shared value it has not checked: a `tail` that goes backwards
+/// or past `head` is a protocol error, never a copy out of bounds.
+pub struct RingWriter {
+    view: View,
+    /// Bytes ever written (this end is the only writer of the shared `head`).
+    head: u64,
+    /// The reader's `tail` when last looked at; it only grows.
+    seen_tail: u64,
+}
 
 /// The reading end of a ring. Exactly one exists per ring.
-pub struct RingReader(View);
+///
+/// Keeps its own `tail` and the last `head` it saw, like [`RingWriter`]: a `head`
+/// that goes backwards or runs more than a capacity ahead is a protocol error.
+pub struct RingReader {
+    view: View,
+    /// Bytes ever read (this end is the only writer of the shared `tail`).
+    tail: u64,
+    /// The writer's `head` when last looked at (checked, so `tail <= seen_head <= tail + cap`).
+    seen_head: std::cell::Cell<u64>,
+}
 
 // SAFETY: an end is only used through `&mut self` (or atomics through `&self`), so
 // moving it to another thread is fine; the memory it points to outlives it (`_keep`).
 unsafe impl Send for RingWriter {}
-// SAFETY: as above.
+// SAFETY: as above (the `Cell` is only touched by the thread holding the end).
 unsafe impl Send for RingReader {}
+
+/// Both counters as they stand when an end attaches, checked against each other.
+fn attach_counters(view: &View) -> io::Result<(u64, u64)> {
+    let hdr = view.hdr();
+    let (head, tail) = (hdr.head.0.load(Ordering::Acquire), hdr.tail.0.load(Ordering::Acquire));
+    // Far below where u64 counters would wrap (2^62 bytes is a century at 1 TB/s),
+    // so plain additions on them cannot overflow.
+    if tail > head || head - tail > view.cap as u64 || head >= 1 << 62 {
+        return Err(corrupt(format!("ring counters head {head} tail {tail} do not fit a capacity of {}", view.cap)));
+    }
+    Ok((head, tail))
+}
 
 impl RingWriter {
     /// The writing end of the ring at `mem`.
@@ -148,25 +186,40 @@ impl RingWriter {
     /// any process).
     pub unsafe fn attach(mem: NonNull<u8>, len: usize, keep: Arc<dyn Send + Sync>) -> io::Result<RingWriter> {
         // SAFETY: forwarded contract.
-        unsafe { View::attach(mem, len, keep) }.map(RingWriter)
+        let view = unsafe { View::attach(mem, len, keep) }?;
+        let (head, tail) = attach_counters(&view)?;
+        Ok(RingWriter { view, head, seen_tail: tail })
     }
 
     /// Data bytes the ring holds when full.
     pub fn capacity(&self) -> usize {
-        self.0.cap
+        self.view.cap
     }
 
-    /// Copy as much of the concatenation of `bufs` as fits; returns how many bytes were taken.
-    pub fn write(&mut self, bufs: &[&[u8]]) -> usize {
-        let v = &self.0;
+    /// Bytes buffered now, from the reader's checked `tail`.
+    fn used(&mut self) -> io::Result<usize> {
+        let tail = self.view.hdr().tail.0.load(Ordering::Acquire);
+        if tail < self.seen_tail || tail > self.head {
+            return Err(corrupt(format!(
+                "ring tail moved from {} to {tail} with head at {}: the reader broke the protocol",
+                self.seen_tail, self.head
+            )));
+        }
+        self.seen_tail = tail;
+        // head - seen_tail <= cap holds by induction: this end never writes more than is free.
+        Ok((self.head - tail) as usize)
+    }
+
+    /// Copy as much of the concatenation of `bufs` as fits; returns how many bytes
+    /// were taken. Fails with `InvalidData` when the reader's counter is corrupt.
+    pub fn write(&mut self, bufs: &[&[u8]]) -> io::Result<usize> {
+        let used = self.used()?;
+        let v = &self.view;
         let cap = v.cap;
         let hdr = v.hdr();
-        let head = hdr.head.0.load(Ordering::Relaxed);
-        let tail = hdr.tail.0.load(Ordering::Acquire);
-        // A corrupt peer (another process) can only shrink this, never push a copy out of bounds.
-        let used = head.wrapping_sub(tail).min(cap as u64) as usize;
         let mut free = cap - used;
-        let mut pos = head;
+        let start = self.head;
+        let mut pos = start;
         for b in bufs {
             let n = b.len().min(free);
             let mut done = 0;
@@ -175,11 +228,12 @@ impl RingWriter {
                 // Publish every PUBLISH_BYTES so the reader consumes (and reduces) the
                 // start of a long message while the rest is still being copied.
                 let run = (n - done).min(cap - at).min(PUBLISH_BYTES);
-                // SAFETY: [at, at+run) lies inside the data area, in its free part,
-                // which only this (single) writer touches until `head` is published.
+                // SAFETY: at < cap and run <= cap - at, so [at, at+run) lies inside the
+                // data area (`cap` is this end's own validated copy); it is in the free
+                // part, which only this (single) writer touches until `head` is published.
                 unsafe { std::ptr::copy_nonoverlapping(b.as_ptr().add(done), v.data.as_ptr().add(at), run) };
                 done += run;
-                pos = pos.wrapping_add(run as u64);
+                pos += run as u64;
                 if done < n {
                     hdr.head.0.store(pos, Ordering::Release);
                 }
@@ -189,28 +243,32 @@ impl RingWriter {
                 break;
             }
         }
-        let written = pos.wrapping_sub(head) as usize;
+        let written = (pos - start) as usize;
         if written > 0 {
+            self.head = pos;
             hdr.head.0.store(pos, Ordering::Release);
         }
-        written
+        Ok(written)
     }
 
-    /// Bytes that can be written now.
+    /// Bytes that can be written now (0 when the reader's counter is corrupt:
+    /// [`RingWriter::write`] reports that).
     pub fn free(&self) -> usize {
-        let hdr = self.0.hdr();
-        let used = hdr.head.0.load(Ordering::Relaxed).wrapping_sub(hdr.tail.0.load(Ordering::Acquire));
-        self.0.cap - used.min(self.0.cap as u64) as usize
+        let tail = self.view.hdr().tail.0.load(Ordering::Acquire);
+        if tail < self.seen_tail || tail > self.head {
+            return 0;
+        }
+        self.view.cap - (self.head - tail) as usize
     }
 
     /// Mark the stream finished: the reader sees end-of-stream once it drained the ring.
     pub fn close(&mut self) {
-        self.0.hdr().meta.0.writer_closed.store(1, Ordering::Release);
+        self.view.hdr().meta.0.writer_closed.store(1, Ordering::Release);
     }
 
     /// Whether the reading end was dropped (nothing written from now on will be read).
     pub fn is_reader_closed(&self) -> bool {
-        self.0.hdr().meta.0.reader_closed.load(Ordering::Acquire) != 0
+        self.view.hdr().meta.0.reader_closed.load(Ordering::Acquire) != 0
     }
 }
 
@@ -227,68 +285,88 @@ impl RingReader {
     /// As [`RingWriter::attach`], with "no other reader".
     pub unsafe fn attach(mem: NonNull<u8>, len: usize, keep: Arc<dyn Send + Sync>) -> io::Result<RingReader> {
         // SAFETY: forwarded contract.
-        unsafe { View::attach(mem, len, keep) }.map(RingReader)
+        let view = unsafe { View::attach(mem, len, keep) }?;
+        let (head, tail) = attach_counters(&view)?;
+        Ok(RingReader { view, tail, seen_head: std::cell::Cell::new(head) })
     }
 
     /// Data bytes the ring holds when full.
     pub fn capacity(&self) -> usize {
-        self.0.cap
+        self.view.cap
     }
 
-    /// Copy up to `out.len()` buffered bytes into `out`; returns how many.
-    pub fn read(&mut self, out: &mut [u8]) -> usize {
-        let v = &self.0;
+    /// Bytes buffered now, from the writer's checked `head`.
+    fn filled(&self) -> io::Result<usize> {
+        let head = self.view.hdr().head.0.load(Ordering::Acquire);
+        let seen = self.seen_head.get();
+        // `head < tail` wraps to a huge difference, so one comparison covers it.
+        if head < seen || head.wrapping_sub(self.tail) > self.view.cap as u64 {
+            return Err(corrupt(format!(
+                "ring head moved from {seen} to {head} with tail at {} and capacity {}: the writer broke the protocol",
+                self.tail, self.view.cap
+            )));
+        }
+        self.seen_head.set(head);
+        Ok((head - self.tail) as usize)
+    }
+
+    /// Copy up to `out.len()` buffered bytes into `out`; returns how many. Fails
+    /// with `InvalidData` when the writer's counter is corrupt.
+    pub fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let n = self.filled()?.min(out.len());
+        let v = &self.view;
         let cap = v.cap;
         let hdr = v.hdr();
-        let tail = hdr.tail.0.load(Ordering::Relaxed);
-        let head = hdr.head.0.load(Ordering::Acquire);
-        // Clamped to the capacity so a corrupt peer cannot make us read out of bounds.
-        let n = (head.wrapping_sub(tail).min(cap as u64) as usize).min(out.len());
+        let tail = self.tail;
         let mut done = 0;
         while done < n {
-            let at = (tail.wrapping_add(done as u64) % cap as u64) as usize;
+            let at = ((tail + done as u64) % cap as u64) as usize;
             // Hand space back every PUBLISH_BYTES so the writer refills the ring while
             // a long read is still copying out of it.
             let run = (n - done).min(cap - at).min(PUBLISH_BYTES);
-            // SAFETY: [at, at+run) lies inside the data area, in its filled part,
-            // which the writer leaves alone until `tail` is published.
+            // SAFETY: at < cap and run <= cap - at, so [at, at+run) lies inside the data
+            // area (`cap` is this end's validated copy); it is in the filled part (n <=
+            // checked head - tail), which the writer leaves alone until `tail` moves.
             unsafe { std::ptr::copy_nonoverlapping(v.data.as_ptr().add(at), out.as_mut_ptr().add(done), run) };
             done += run;
-            hdr.tail.0.store(tail.wrapping_add(done as u64), Ordering::Release);
+            self.tail = tail + done as u64;
+            hdr.tail.0.store(self.tail, Ordering::Release);
         }
-        n
+        Ok(n)
     }
 
     /// The oldest buffered bytes that lie contiguously in the data area (at most
     /// `max`), left in the ring until [`RingReader::consume`]: lets a receiver reduce
     /// straight out of the ring instead of copying into a staging buffer first.
-    pub fn peek(&self, max: usize) -> &[u8] {
-        let v = &self.0;
-        let hdr = v.hdr();
-        let tail = hdr.tail.0.load(Ordering::Relaxed);
-        let head = hdr.head.0.load(Ordering::Acquire);
-        let at = (tail % v.cap as u64) as usize;
-        // Clamped like `read`, so a corrupt peer cannot widen the slice.
-        let n = (head.wrapping_sub(tail).min(v.cap as u64) as usize).min(max).min(v.cap - at);
-        // SAFETY: [at, at+n) lies inside the data area, in its filled part, which the
-        // writer leaves alone until `tail` moves past it (only `consume`, which takes
-        // `&mut self` and so ends this borrow, moves it).
-        unsafe { std::slice::from_raw_parts(v.data.as_ptr().add(at), n) }
+    /// Fails like [`RingReader::read`].
+    pub fn peek(&self, max: usize) -> io::Result<&[u8]> {
+        let filled = self.filled()?;
+        let v = &self.view;
+        let at = (self.tail % v.cap as u64) as usize;
+        let n = filled.min(max).min(v.cap - at);
+        // SAFETY: [at, at+n) lies inside the data area (at < cap, n <= cap - at), in its
+        // filled part, which the writer leaves alone until `tail` moves past it (only
+        // `read` and `consume`, which take `&mut self` and so end this borrow, move it).
+        Ok(unsafe { std::slice::from_raw_parts(v.data.as_ptr().add(at), n) })
     }
 
-    /// Release the first `n` bytes shown by [`RingReader::peek`] to the writer.
+    /// Release the first `n` bytes shown by [`RingReader::peek`] to the writer (at
+    /// most what the last look at the writer's counter showed).
     pub fn consume(&mut self, n: usize) {
-        let hdr = self.0.hdr();
-        let tail = hdr.tail.0.load(Ordering::Relaxed);
-        let n = n.min(self.available());
-        hdr.tail.0.store(tail.wrapping_add(n as u64), Ordering::Release);
+        let n = (n as u64).min(self.seen_head.get() - self.tail);
+        self.tail += n;
+        self.view.hdr().tail.0.store(self.tail, Ordering::Release);
     }
 
-    /// Bytes buffered now.
+    /// Bytes buffered now. A corrupt counter counts as something to read, so the
+    /// caller goes on to [`RingReader::read`] or [`RingReader::peek`] and gets the error.
     pub fn available(&self) -> usize {
-        let hdr = self.0.hdr();
-        let used = hdr.head.0.load(Ordering::Acquire).wrapping_sub(hdr.tail.0.load(Ordering::Relaxed));
-        used.min(self.0.cap as u64) as usize
+        let head = self.view.hdr().head.0.load(Ordering::Acquire);
+        let filled = head.wrapping_sub(self.tail);
+        if head < self.seen_head.get() || filled > self.view.cap as u64 {
+            return 1;
+        }
+        filled as usize
     }
 
     /// Whether no byte is buffered.
@@ -298,12 +376,12 @@ impl RingReader {
 
     /// Whether the writer closed the stream (bytes may still be buffered).
     pub fn is_writer_closed(&self) -> bool {
-        self.0.hdr().meta.0.writer_closed.load(Ordering::Acquire) != 0
+        self.view.hdr().meta.0.writer_closed.load(Ordering::Acquire) != 0
     }
 
     /// Tell the writer nothing more will be read.
     pub fn close(&mut self) {
-        self.0.hdr().meta.0.reader_closed.store(1, Ordering::Release);
+        self.view.hdr().meta.0.reader_closed.store(1, Ordering::Release);
     }
 }
 
@@ -364,17 +442,17 @@ mod tests {
     fn gathers_writes_and_wraps_around() {
         let (mut w, mut r) = heap_ring(10);
         assert!(r.is_empty());
-        assert_eq!(w.write(&[b"abc", b"defgh"]), 8);
+        assert_eq!(w.write(&[b"abc", b"defgh"]).unwrap(), 8);
         assert_eq!(w.free(), 2);
         // Only a prefix of the second buffer fits, and nothing of the third.
-        assert_eq!(w.write(&[b"ij", b"kl"]), 2);
-        assert_eq!(w.write(&[b"x"]), 0);
+        assert_eq!(w.write(&[b"ij", b"kl"]).unwrap(), 2);
+        assert_eq!(w.write(&[b"x"]).unwrap(), 0);
         let mut out = [0u8; 7];
-        assert_eq!(r.read(&mut out), 7);
+        assert_eq!(r.read(&mut out).unwrap(), 7);
         assert_eq!(&out, b"abcdefg");
-        assert_eq!(w.write(&[b"klmnopqrs"]), 7);
+        assert_eq!(w.write(&[b"klmnopqrs"]).unwrap(), 7);
         let mut out = [0u8; 20];
-        assert_eq!(r.read(&mut out), 10);
+        assert_eq!(r.read(&mut out).unwrap(), 10);
         assert_eq!(&out[..10], b"hijklmnopq");
         assert!(r.is_empty());
     }
@@ -382,15 +460,15 @@ mod tests {
     #[test]
     fn peek_shows_contiguous_bytes_until_consumed() {
         let (mut w, mut r) = heap_ring(10);
-        assert_eq!(r.peek(100), b"");
-        assert_eq!(w.write(&[b"abcdefgh"]), 8);
-        assert_eq!(r.peek(3), b"abc");
+        assert_eq!(r.peek(100).unwrap(), b"");
+        assert_eq!(w.write(&[b"abcdefgh"]).unwrap(), 8);
+        assert_eq!(r.peek(3).unwrap(), b"abc");
         r.consume(6);
-        assert_eq!(w.write(&[b"ijklmn"]), 6);
+        assert_eq!(w.write(&[b"ijklmn"]).unwrap(), 6);
         // The filled part wraps: a peek stops at the end of the data area.
-        assert_eq!(r.peek(100), b"ghij");
+        assert_eq!(r.peek(100).unwrap(), b"ghij");
         r.consume(4);
-        assert_eq!(r.peek(100), b"klmn");
+        assert_eq!(r.peek(100).unwrap(), b"klmn");
         // Consuming more than is buffered releases only what is there.
         r.consume(100);
         assert!(r.is_empty());
@@ -421,6 +499,85 @@ mod tests {
             assert!(RingReader::attach(ptr, 1024, keep.clone()).is_err(), "capacity too big");
             init(ptr, 1024 - RING_HEADER_BYTES);
             assert_eq!(RingReader::attach(ptr, 1024, keep).unwrap().capacity(), 1024 - RING_HEADER_BYTES);
+            alloc::dealloc(ptr.as_ptr(), layout);
+        }
+    }
+
+    #[test]
+    fn a_head_beyond_the_capacity_or_going_back_is_invalid_data() {
+        let (mut w, mut r) = heap_ring(64);
+        assert_eq!(w.write(&[b"abcd"]).unwrap(), 4);
+        // The writer (a bad peer) claims far more than the ring holds.
+        r.view.hdr().head.0.store(1 << 50, Ordering::Release);
+        let mut out = [0u8; 200];
+        assert_eq!(r.read(&mut out).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(r.peek(200).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert!(!r.is_empty(), "a corrupt ring must not look empty (the caller would wait forever)");
+        // Nothing was consumed by the failed reads.
+        assert_eq!(r.tail, 0);
+        r.view.hdr().head.0.store(4, Ordering::Release);
+        assert_eq!(r.read(&mut out[..2]).unwrap(), 2);
+        assert_eq!(&out[..2], b"ab");
+        // Now a head behind what the reader already saw (and behind its tail).
+        r.view.hdr().head.0.store(1, Ordering::Release);
+        assert_eq!(r.read(&mut out).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        r.view.hdr().head.0.store(3, Ordering::Release);
+        let e = r.read(&mut out).unwrap_err();
+        assert!(e.to_string().contains("moved from 4 to 3"), "{e}");
+    }
+
+    #[test]
+    fn a_tail_beyond_the_head_or_going_back_is_invalid_data() {
+        let (mut w, mut r) = heap_ring(64);
+        assert_eq!(w.write(&[b"abcdefgh"]).unwrap(), 8);
+        let mut out = [0u8; 4];
+        assert_eq!(r.read(&mut out).unwrap(), 4);
+        // The writer sees the reader's progress (tail 4) when it next writes.
+        assert_eq!(w.write(&[b"i"]).unwrap(), 1);
+        // The reader (a bad peer) claims to have read bytes never written...
+        w.view.hdr().tail.0.store(100, Ordering::Release);
+        assert_eq!(w.write(&[b"x"]).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(w.free(), 0);
+        // ...or moves its counter backwards.
+        w.view.hdr().tail.0.store(2, Ordering::Release);
+        assert_eq!(w.write(&[b"x"]).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        w.view.hdr().tail.0.store(4, Ordering::Release);
+        assert_eq!(w.write(&[b"x"]).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_capacity_rewritten_after_attach_is_not_used() {
+        let (mut w, mut r) = heap_ring(16);
+        // The peer rewrites the capacity in the header: both ends keep the one they checked.
+        w.view.hdr().meta.0.capacity.store(1 << 40, Ordering::Relaxed);
+        let big = vec![9u8; 1 << 20];
+        assert_eq!(w.write(&[&big]).unwrap(), 16);
+        let mut out = vec![0u8; 1 << 20];
+        assert_eq!(r.read(&mut out).unwrap(), 16);
+        assert_eq!((w.capacity(), r.capacity()), (16, 16));
+    }
+
+    #[test]
+    fn attaching_refuses_counters_that_do_not_fit() {
+        let layout = Layout::from_size_align(1024, RING_ALIGN).unwrap();
+        // SAFETY: non-zero size; freed below.
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).unwrap();
+        let keep: Arc<dyn Send + Sync> = Arc::new(());
+        // SAFETY: valid, aligned memory of 1024 bytes that outlives the attempts; the
+        // header is only touched through its atomics.
+        unsafe {
+            init(ptr, 100);
+            let hdr = ptr.cast::<RingHeader>();
+            hdr.as_ref().head.0.store(500, Ordering::Relaxed);
+            assert_eq!(RingReader::attach(ptr, 1024, keep.clone()).err().unwrap().kind(), io::ErrorKind::InvalidData);
+            hdr.as_ref().tail.0.store(600, Ordering::Relaxed);
+            assert!(RingWriter::attach(ptr, 1024, keep.clone()).is_err(), "tail past head");
+            hdr.as_ref().head.0.store(u64::MAX, Ordering::Relaxed);
+            hdr.as_ref().tail.0.store(u64::MAX, Ordering::Relaxed);
+            assert!(RingWriter::attach(ptr, 1024, keep.clone()).is_err(), "counters near wrapping");
+            hdr.as_ref().tail.0.store(600, Ordering::Relaxed);
+            hdr.as_ref().head.0.store(650, Ordering::Relaxed);
+            assert_eq!(RingReader::attach(ptr, 1024, keep).unwrap().available(), 50);
             alloc::dealloc(ptr.as_ptr(), layout);
         }
     }

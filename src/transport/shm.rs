@@ -2,12 +2,22 @@
 //!
 //! Each pair of ranks shares one segment: a small header, then two byte rings
 //! ([`super::ring`]), lower rank to higher and back. The lower rank creates the
-//! segment as a file in `/dev/shm` with a unique name, `fallocate`s it (a full
-//! `/dev/shm` fails here, not as a SIGBUS on first touch later), maps it and
-//! publishes the name in the store under `{key_prefix}/shm/{a}/{b}`; the higher
-//! rank maps it and says so in the header. The name is unlinked as soon as the
-//! peer has mapped it (by both sides, whoever is first), and on every error
-//! path, so a crash leaves nothing behind in `/dev/shm` after setup.
+//! segment as a sealed memfd: `fallocate`d (a full tmpfs fails here, not as a
+//! SIGBUS on first touch later), then sealed against shrinking and growing, so
+//! a peer cannot truncate it under our mapping (which would SIGBUS this process).
+//! It publishes `memfd:{pid}:{fd}:{id}` in the store under
+//! `{key_prefix}/shm/{a}/{b}`; the higher rank opens `/proc/{pid}/fd/{fd}`, checks
+//! the seals and the id in the header, maps it and says so in the header; the
+//! creator then closes its descriptor, so a crash leaves nothing behind.
+//!
+//! Where `/proc` does not show the creator (another pid namespace, `hidepid`) or
+//! memfds are unavailable, the segment is a file in `/dev/shm` with a unique
+//! name instead (the attacher asks for one under `{...}/need-file`; the creator
+//! publishes it under `{...}/file`). Such a file cannot be sealed (tmpfs allows
+//! seals only on memfds), so there a peer that truncates it can still crash us
+//! with SIGBUS; the mapping's length is fixed at creation and never re-read from
+//! the file. The name is unlinked as soon as the peer has opened it, and on every
+//! error path.
 //!
 //! A peer process that is killed leaves no end-of-stream mark in the rings, so
 //! the header carries both pids and a link checks its peer's liveness (a pidfd,
@@ -16,26 +26,42 @@
 //! those of the creator's pid namespace: ranks that share `/dev/shm` but not a
 //! pid namespace are not supported, their liveness checks would watch the wrong pid.)
 //!
-//! Single copy: [`Link::read_peer`] reads the peer's memory with
-//! `process_vm_readv` (CMA). Whether that works depends on ptrace policy, user
-//! namespaces and seccomp, so it is probed at connect time with a real read of a
-//! token each side publishes, and enabled only when it works in both directions
-//! (the answer decides the framing, so both ends must agree).
+//! Single copy: the peer's registered buffers ([`crate::registered`]) live in
+//! `/dev/shm` segments of their own, which any rank sharing `/dev/shm` can map, so
+//! rendezvous framing is always allowed on these links ([`Link::can_read_peer`]).
+//! Reading any other address of the peer goes through [`Link::read_peer`] with
+//! `process_vm_readv` (CMA), only when wanted ([`ShmOptions::cma`], from
+//! `BRAID_CMA=1`). Whether CMA works depends on ptrace policy, user namespaces
+//! and seccomp, so it is then probed at connect time with a real read of a token
+//! each side publishes, and enabled only when it works in both directions
+//! ([`Link::reads_peer_addresses`]; both ends must agree, since it decides the
+//! framing). See [`cma`] for the ptrace policy.
+//!
+//! Both ends prove the job key ([`ShmOptions::key`]) through the segment header
+//! before the link is used; see [`setup`].
+//!
+//! Everything in the segment can be rewritten by the peer at any time: sizes are
+//! checked once and kept privately ([`segment`]), and the ring ends check every
+//! counter they read ([`super::ring`]), so a bad peer causes an error, not an
+//! out-of-bounds access.
 
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use super::ring::{self, RingReader, RingWriter};
+use super::ring::{RingReader, RingWriter};
 use super::{Link, TransportKind};
+use crate::auth::JobKey;
 use crate::bootstrap::Store;
-use crate::error::{Error, OpContext, Result};
+use crate::error::{Error, Result};
+
+mod cma;
+mod segment;
+mod setup;
+
+use cma::{vm_read, PeerProc};
+pub use segment::MAX_RING_BYTES;
+use setup::{attach, attach_published, create, file_key, need_file_key, setup_ctx, Attached, Setup};
 
 #[cfg(test)]
 mod tests;
@@ -65,17 +91,6 @@ pub const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Directory the segments live in (a tmpfs on Linux).
 const SHM_DIR: &str = "/dev/shm";
-/// Written last by the creator: an attacher that sees it sees a complete header.
-const SEG_MAGIC: u64 = u64::from_le_bytes(*b"BRAIDSHM");
-/// Bump on any change of the segment layout.
-const SEG_VERSION: u32 = 1;
-/// The segment header takes one page, so the rings start page-aligned.
-const SEG_HEADER_BYTES: usize = 4096;
-const PAGE: usize = 4096;
-/// Probe outcomes in the header.
-const PROBE_PENDING: u32 = 0;
-const PROBE_OK: u32 = 1;
-const PROBE_FAILED: u32 = 2;
 
 /// How to set up the shared-memory links of one rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,13 +106,20 @@ pub struct ShmOptions {
     pub peers: Vec<bool>,
     /// Deadline for the whole setup.
     pub timeout: Duration,
-    /// Data bytes per direction (the creator's value wins; the attacher reads it from the segment).
+    /// Data bytes per direction, `1..=`[`MAX_RING_BYTES`] (the creator's value wins;
+    /// the attacher reads it from the segment and checks it).
     pub ring_bytes: usize,
+    /// Whether plain buffers may be read with `process_vm_readv` (`BRAID_CMA=1`):
+    /// only then is CMA probed and ptrace relaxed for the local peers.
+    pub cma: bool,
+    /// The job key both ends of each segment prove (none: the exchange runs with
+    /// the empty key and proves nothing).
+    pub key: JobKey,
 }
 
 impl ShmOptions {
     /// Options linking `rank` with every other rank of `world`, 60 s timeout,
-    /// [`SHM_RING_BYTES`] per direction.
+    /// [`SHM_RING_BYTES`] per direction, no CMA, no job key.
     pub fn new(rank: usize, world: usize, key_prefix: impl Into<String>) -> ShmOptions {
         ShmOptions {
             rank,
@@ -106,6 +128,8 @@ impl ShmOptions {
             peers: vec![true; world],
             timeout: crate::config::DEFAULT_TIMEOUT,
             ring_bytes: SHM_RING_BYTES,
+            cma: false,
+            key: JobKey::none(),
         }
     }
 }
@@ -113,108 +137,6 @@ impl ShmOptions {
 /// The store key under which lower rank `a` publishes the segment it shares with `b`.
 pub fn segment_key(key_prefix: &str, a: usize, b: usize) -> String {
     format!("{key_prefix}/shm/{a}/{b}")
-}
-
-/// The segment header. Index 0 of each pair is the creator (lower rank), 1 the attacher.
-#[repr(C)]
-struct SegHeader {
-    magic: AtomicU64,
-    version: AtomicU32,
-    /// Set to 1 by the attacher once it has mapped the segment.
-    attached: AtomicU32,
-    ring_capacity: AtomicU64,
-    ranks: [AtomicU64; 2],
-    pids: [AtomicI32; 2],
-    /// `probe_result[i]`: whether side i could read side 1-i's token with CMA.
-    probe_result: [AtomicU32; 2],
-    probetoken: [AtomicU64; 2],
-    /// Address of side i's token in its own address space, stored after the token (Release).
-    probe_addr: [AtomicU64; 2],
-}
-
-const _: () = assert!(std::mem::size_of::<SegHeader>() <= SEG_HEADER_BYTES);
-
-const fn round_up(n: usize, to: usize) -> usize {
-    n.div_ceil(to) * to
-}
-
-/// Bytes of a segment whose rings hold `capacity` bytes each.
-fn segment_len(capacity: usize) -> usize {
-    SEG_HEADER_BYTES + 2 * round_up(ring::region_len(capacity), PAGE)
-}
-
-/// A shared mapping of a whole segment, unmapped on drop.
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory; all concurrent access to it goes
-// through atomics (header) or the ring protocol (data).
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    fn map(file: &File, len: usize) -> io::Result<Mapping> {
-        // SAFETY: a fresh shared mapping of an open file; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                // Pre-fault: a ring touched page by page would take a fault per 4 KiB on first use.
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: NonNull::new(p as *mut u8).ok_or_else(|| io::Error::other("mmap returned null"))?, len })
-    }
-
-    fn header(&self) -> &SegHeader {
-        // SAFETY: the mapping is at least SEG_HEADER_BYTES long (checked before
-        // mapping), page-aligned, and the header holds only atomics.
-        unsafe { &*(self.ptr.as_ptr() as *const SegHeader) }
-    }
-
-    /// Start of ring `i` (0: lower rank to higher, 1: back).
-    fn ring(&self, i: usize, capacity: usize) -> NonNull<u8> {
-        let off = SEG_HEADER_BYTES + i * round_up(ring::region_len(capacity), PAGE);
-        debug_assert!(off + ring::region_len(capacity) <= self.len);
-        // SAFETY: in bounds of the mapping (segment_len).
-        unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(off)) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `map` with this length; every ring end holding a
-        // pointer into it holds this Arc too, so none is left.
-        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
-    }
-}
-
-/// A segment's name in `/dev/shm`, unlinked on drop unless that already happened.
-struct SegmentFile {
-    path: PathBuf,
-}
-
-impl Drop for SegmentFile {
-    fn drop(&mut self) {
-        unlink_quietly(&self.path);
-    }
-}
-
-fn unlink_quietly(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path) {
-        if e.kind() != io::ErrorKind::NotFound {
-            tracing::warn!(path = %path.display(), "shm: cannot remove segment: {e}");
-        }
-    }
 }
 
 /// How a link learns that its peer process is gone.
@@ -251,6 +173,9 @@ impl PeerWatch {
                 let n = unsafe { libc::poll(&mut p, 1, 0) };
                 !(n > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0)
             }
+            // Never a real peer's pid (the header is the peer's to write): 0 and
+            // negatives would address process groups.
+            PeerWatch::Pid(pid) if *pid <= 0 => false,
             PeerWatch::Pid(pid) => {
                 // SAFETY: signal 0 only checks that the process exists.
                 let r = unsafe { libc::kill(*pid, 0) };
@@ -288,6 +213,10 @@ impl ShmLink {
         }
     }
 
+    fn broke_protocol(&self, e: io::Error) -> io::Error {
+        protocol_error(self.peer, e)
+    }
+
     fn peer_gone(&self) -> io::Error {
         io::Error::new(
             io::ErrorKind::UnexpectedEof,
@@ -312,7 +241,7 @@ impl Link for ShmLink {
                 format!("rank {} dropped its shared-memory link", self.peer),
             ));
         }
-        let n = self.tx.write(bufs);
+        let n = self.tx.write(bufs).map_err(|e| self.broke_protocol(e))?;
         if n == 0 && bufs.iter().any(|b| !b.is_empty()) && self.check_due() && !self.watch.alive() {
             return Err(self.peer_gone());
         }
@@ -320,7 +249,7 @@ impl Link for ShmLink {
     }
 
     fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.rx.read(buf);
+        let n = self.rx.read(buf).map_err(|e| self.broke_protocol(e))?;
         if n > 0 || buf.is_empty() {
             return Ok(n);
         }
@@ -332,7 +261,7 @@ impl Link for ShmLink {
         }
         if self.check_due() && !self.watch.alive() {
             // What it wrote before dying is still good: hand that out first.
-            return match self.rx.read(buf) {
+            return match self.rx.read(buf).map_err(|e| self.broke_protocol(e))? {
                 0 => Err(self.peer_gone()),
                 n => Ok(n),
             };
@@ -358,7 +287,8 @@ impl Link for ShmLink {
                 return Err(self.peer_gone());
             }
         }
-        Ok(self.rx.peek(max))
+        let peer = self.peer;
+        self.rx.peek(max).map_err(|e| protocol_error(peer, e))
     }
 
     fn consume(&mut self, n: usize) {
@@ -373,7 +303,12 @@ impl Link for ShmLink {
         self.tx.close();
     }
 
+    /// The peer's registered segments can always be mapped: it shares our `/dev/shm`.
     fn can_read_peer(&self) -> bool {
+        true
+    }
+
+    fn reads_peer_addresses(&self) -> bool {
         self.cma
     }
 
@@ -381,7 +316,11 @@ impl Link for ShmLink {
         if !self.cma {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("process_vm_readv from rank {} did not pass the connect-time probe", self.peer),
+                format!(
+                    "cannot read the memory of rank {} (pid {}): process_vm_readv is off (BRAID_CMA) \
+                     or did not pass the connect-time probe",
+                    self.peer, self.peer_pid
+                ),
             ));
         }
         vm_read(self.peer_pid, addr, dst).map_err(|e| {
@@ -394,50 +333,9 @@ impl Link for ShmLink {
     }
 }
 
-/// Copy `dst.len()` bytes from `addr` in process `pid` with `process_vm_readv`,
-/// looping over partial reads.
-fn vm_read(pid: i32, addr: usize, dst: &mut [u8]) -> io::Result<()> {
-    let mut done = 0;
-    while done < dst.len() {
-        let from = addr
-            .checked_add(done)
-            .filter(|a| *a != 0 && a.checked_add(dst.len() - done).is_some())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "peer address range wraps"))?;
-        let local = libc::iovec { iov_base: dst[done..].as_mut_ptr() as *mut libc::c_void, iov_len: dst.len() - done };
-        let remote = libc::iovec { iov_base: from as *mut libc::c_void, iov_len: dst.len() - done };
-        // SAFETY: `local` covers exactly the writable tail of `dst`; the kernel
-        // checks the remote range and fails with EFAULT rather than touching us.
-        let r = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if r == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "process_vm_readv made no progress"));
-        }
-        done += r as usize;
-    }
-    Ok(())
-}
-
-/// Where Yama restricts ptrace to descendants (`ptrace_scope` = 1), let any
-/// process of ours read this one, as Open MPI's CMA component does. Scopes 2 and 3
-/// cannot be relaxed this way; the probe then reports CMA as unavailable.
-fn allow_ptrace_once() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
-        if scope.trim() == "1" {
-            // SAFETY: prctl with integer arguments only.
-            let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
-            if r != 0 {
-                tracing::debug!("shm: PR_SET_PTRACER failed: {}", io::Error::last_os_error());
-            }
-        }
-    });
+/// A ring counter the peer wrote is impossible: name the peer, keep the kind (`InvalidData`).
+fn protocol_error(peer: usize, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("shared-memory link with rank {peer}: {e}"))
 }
 
 /// 64 random bits from the kernel (falls back to std's per-process random keys).
@@ -453,179 +351,6 @@ pub(crate) fn random_u64() -> u64 {
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
     h.write_u32(std::process::id());
     h.finish()
-}
-
-/// A segment being set up with one peer.
-struct Setup {
-    peer: usize,
-    /// 0: this rank created the segment (lower rank); 1: it attached.
-    side: usize,
-    map: Arc<Mapping>,
-    /// The name, while it may still exist (the creator's, until the peer attached).
-    file: Option<SegmentFile>,
-    /// Our probe token; the peer reads it, so it lives until both probes are done.
-    token: Box<u64>,
-    /// Set once the peer's pid is known.
-    watch: Option<PeerWatch>,
-    probed: bool,
-}
-
-impl Setup {
-    fn done(&self) -> bool {
-        let h = self.map.header();
-        self.probed && h.probe_result.iter().all(|r| r.load(Ordering::Acquire) != PROBE_PENDING)
-    }
-
-    /// Read the other side's token through CMA and record whether it matched.
-    fn probe(&mut self) {
-        let h = self.map.header();
-        let other = 1 - self.side;
-        let addr = h.probe_addr[other].load(Ordering::Acquire) as usize;
-        let want = h.probetoken[other].load(Ordering::Relaxed);
-        let pid = h.pids[other].load(Ordering::Relaxed);
-        let mut got = [0u8; 8];
-        let ok = match vm_read(pid, addr, &mut got) {
-            Ok(()) => u64::from_ne_bytes(got) == want,
-            Err(e) => {
-                tracing::debug!(peer = self.peer, pid, "shm: process_vm_readv probe failed: {e}");
-                false
-            }
-        };
-        h.probe_result[self.side].store(if ok { PROBE_OK } else { PROBE_FAILED }, Ordering::Release);
-        self.probed = true;
-    }
-
-    /// Publish this side's pid and probe token.
-    fn announce(&mut self, pid: i32) {
-        let h = self.map.header();
-        h.pids[self.side].store(pid, Ordering::Relaxed);
-        h.probetoken[self.side].store(*self.token, Ordering::Relaxed);
-        h.probe_addr[self.side].store(&*self.token as *const u64 as u64, Ordering::Release);
-    }
-
-    fn into_link(self) -> Result<ShmLink> {
-        let h = self.map.header();
-        let cap = h.ring_capacity.load(Ordering::Relaxed) as usize;
-        let region = ring::region_len(cap);
-        let keep: Arc<dyn Send + Sync> = self.map.clone();
-        let (tx_ring, rx_ring) = if self.side == 0 { (0, 1) } else { (1, 0) };
-        // SAFETY: both regions lie in the mapping `keep` holds, were set up by the
-        // creator, and this side is the only writer of `tx_ring` and the only
-        // reader of `rx_ring` (the peer holds the opposite ends).
-        let (tx, rx) = unsafe {
-            (
-                RingWriter::attach(self.map.ring(tx_ring, cap), region, keep.clone()),
-                RingReader::attach(self.map.ring(rx_ring, cap), region, keep),
-            )
-        };
-        let what = |e| Error::io(format!("attaching the rings shared with rank {}", self.peer), e);
-        let peer_pid = h.pids[1 - self.side].load(Ordering::Relaxed);
-        let cma = h.probe_result.iter().all(|r| r.load(Ordering::Acquire) == PROBE_OK);
-        Ok(ShmLink {
-            peer: self.peer,
-            peer_pid,
-            tx: tx.map_err(what)?,
-            rx: rx.map_err(what)?,
-            watch: self.watch.unwrap_or_else(|| PeerWatch::new(peer_pid)),
-            last_check: Instant::now(),
-            cma,
-        })
-    }
-}
-
-fn setup_ctx(rank: usize) -> OpContext {
-    OpContext { rank, call: None, seq: 0 }
-}
-
-/// Create, fill in and publish the segment this (lower) rank shares with `peer`.
-fn create(opts: &ShmOptions, peer: usize, store: &dyn Store) -> Result<Setup> {
-    let rank = opts.rank;
-    let cap = opts.ring_bytes;
-    let len = segment_len(cap);
-    let path = PathBuf::from(format!("{SHM_DIR}/braid-{}-{rank}-{peer}-{:016x}", std::process::id(), random_u64()));
-    let what = |doing: &str| format!("rank {rank}: {doing} shared-memory segment {} for rank {peer}", path.display());
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| Error::io(what("creating"), e))?;
-    // From here on, every early return unlinks the name (SegmentFile's drop).
-    let guard = SegmentFile { path: path.clone() };
-    // SAFETY: plain system call on our descriptor.
-    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) } != 0 {
-        let e = io::Error::last_os_error();
-        return Err(Error::io(what(&format!("reserving {len} bytes (is {SHM_DIR} full?) for")), e));
-    }
-    let map = Arc::new(Mapping::map(&file, len).map_err(|e| Error::io(what("mapping"), e))?);
-    // SAFETY: both regions lie inside the fresh mapping, page-aligned, unused.
-    unsafe {
-        ring::init(map.ring(0, cap), cap);
-        ring::init(map.ring(1, cap), cap);
-    }
-    let h = map.header();
-    h.version.store(SEG_VERSION, Ordering::Relaxed);
-    h.ring_capacity.store(cap as u64, Ordering::Relaxed);
-    h.ranks[0].store(rank as u64, Ordering::Relaxed);
-    h.ranks[1].store(peer as u64, Ordering::Relaxed);
-    let mut s =
-        Setup { peer, side: 0, map, file: Some(guard), token: Box::new(random_u64()), watch: None, probed: false };
-    s.announce(std::process::id() as i32);
-    s.map.header().magic.store(SEG_MAGIC, Ordering::Release);
-    store.set(&segment_key(&opts.key_prefix, rank, peer), path.as_os_str().as_encoded_bytes())?;
-    tracing::debug!(rank, peer, path = %path.display(), len, "shm: segment created");
-    Ok(s)
-}
-
-/// Map the segment lower rank `peer` published as `name`, check it, and say so.
-fn attach(opts: &ShmOptions, peer: usize, name: &[u8]) -> Result<Setup> {
-    let rank = opts.rank;
-    let path = PathBuf::from(String::from_utf8_lossy(name).into_owned());
-    let what = |doing: &str| format!("rank {rank}: {doing} shared-memory segment {} of rank {peer}", path.display());
-    let bad = |detail: String| Error::Protocol { ctx: setup_ctx(rank), peer, detail };
-    // Only a braid segment directly in /dev/shm: the name comes from the store, and
-    // this rank is about to write into whatever file it names.
-    let is_segment = path.parent() == Some(Path::new(SHM_DIR))
-        && path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("braid-"));
-    if !is_segment {
-        return Err(bad(format!("segment name `{}` is not a braid segment in {SHM_DIR}", path.display())));
-    }
-    let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::io(what("opening"), e))?;
-    // The name has served its purpose once we hold the file open.
-    unlink_quietly(&path);
-    let len = file.metadata().map_err(|e| Error::io(what("inspecting"), e))?.len() as usize;
-    if len < SEG_HEADER_BYTES {
-        return Err(bad(format!("segment {} has only {len} bytes", path.display())));
-    }
-    let map = Arc::new(Mapping::map(&file, len).map_err(|e| Error::io(what("mapping"), e))?);
-    let h = map.header();
-    if h.magic.load(Ordering::Acquire) != SEG_MAGIC || h.version.load(Ordering::Relaxed) != SEG_VERSION {
-        return Err(bad(format!("segment {} is not a braid v{SEG_VERSION} segment", path.display())));
-    }
-    let ranks = [h.ranks[0].load(Ordering::Relaxed), h.ranks[1].load(Ordering::Relaxed)];
-    if ranks != [peer as u64, rank as u64] {
-        return Err(bad(format!("segment {} links ranks {ranks:?}, not [{peer}, {rank}]", path.display())));
-    }
-    let cap = h.ring_capacity.load(Ordering::Relaxed) as usize;
-    if cap == 0 || segment_len(cap) != len {
-        return Err(bad(format!("segment {} has {len} bytes, rings of {cap}", path.display())));
-    }
-    let pid = h.pids[0].load(Ordering::Relaxed);
-    let mut s = Setup {
-        peer,
-        side: 1,
-        map,
-        file: None,
-        token: Box::new(random_u64()),
-        watch: Some(PeerWatch::new(pid)),
-        probed: false,
-    };
-    s.announce(std::process::id() as i32);
-    s.map.header().attached.store(1, Ordering::Release);
-    s.probe();
-    tracing::debug!(rank, peer, path = %path.display(), "shm: segment attached");
-    Ok(s)
 }
 
 /// Connect this rank by shared memory to every rank marked in `opts.peers`.
@@ -647,15 +372,17 @@ pub fn connect_shm(opts: &ShmOptions, store: &dyn Store) -> Result<Vec<Option<Sh
             opts.peers.len()
         )));
     }
-    if opts.ring_bytes == 0 {
-        return Err(Error::InvalidArgument("shm ring size must be positive".into()));
+    if !(1..=MAX_RING_BYTES).contains(&opts.ring_bytes) {
+        return Err(Error::InvalidArgument(format!(
+            "shm ring size {} is not in 1..={MAX_RING_BYTES}",
+            opts.ring_bytes
+        )));
     }
     let wanted = |j: usize| j != rank && opts.peers[j];
     let mut links: Vec<Option<ShmLink>> = (0..world).map(|_| None).collect();
     if !(0..world).any(wanted) {
         return Ok(links);
     }
-    allow_ptrace_once();
     let deadline = Instant::now() + opts.timeout;
 
     // Higher peers first: publishing never waits, so no rank waits on one that waits on it.
@@ -663,37 +390,66 @@ pub fn connect_shm(opts: &ShmOptions, store: &dyn Store) -> Result<Vec<Option<Sh
     for b in (rank + 1..world).filter(|&b| wanted(b)) {
         setups.push(create(opts, b, store)?);
     }
-    let mut lower: Vec<usize> = (0..rank).filter(|&a| wanted(a)).collect();
+    // Lower peers whose segment is still to come: (rank, whether it is the named
+    // segment asked for because its memfd could not be opened here).
+    let mut lower: Vec<(usize, bool)> = (0..rank).filter(|&a| wanted(a)).map(|a| (a, false)).collect();
     let mut pause = Duration::from_micros(100);
     let mut last_check = Instant::now();
+    let mut ptrace_ready = false;
     loop {
         let mut progressed = false;
         let mut i = 0;
         while i < lower.len() {
-            let a = lower[i];
-            match store.get(&segment_key(&opts.key_prefix, a, rank))? {
-                Some(name) => {
-                    setups.push(attach(opts, a, &name)?);
+            let (a, want_file) = lower[i];
+            let key =
+                if want_file { file_key(&opts.key_prefix, a, rank) } else { segment_key(&opts.key_prefix, a, rank) };
+            let Some(published) = store.get(&key)? else {
+                i += 1;
+                continue;
+            };
+            progressed = true;
+            if want_file {
+                setups.push(attach(opts, a, &published)?);
+                lower.swap_remove(i);
+                continue;
+            }
+            match attach_published(opts, a, &published, store)? {
+                Attached::Done(s) => {
+                    setups.push(*s);
                     lower.swap_remove(i);
-                    progressed = true;
                 }
-                None => i += 1,
+                Attached::WantsFile => lower[i].1 = true,
             }
         }
-        for s in setups.iter_mut().filter(|s| s.side == 0 && !s.probed) {
-            let h = s.map.header();
-            if h.attached.load(Ordering::Acquire) == 1 {
-                s.file = None; // unlinks the name: both sides have it mapped
-                s.watch = Some(PeerWatch::new(h.pids[1].load(Ordering::Relaxed)));
-                s.probe();
-                progressed = true;
+        for s in setups.iter_mut() {
+            progressed |= s.advance_auth()?;
+        }
+        // Once every peer proved the key (and so its pid is known), set the ptrace
+        // policy for all of them at once (one ptracer per process), then let them probe.
+        if !ptrace_ready && lower.is_empty() && setups.iter().all(|s| s.authenticated) {
+            if opts.cma {
+                let peers: Vec<PeerProc> =
+                    setups.iter().map(|s| PeerProc { pid: s.peer_pid, ppid: cma::ppid_of(s.peer_pid) }).collect();
+                cma::allow_ptrace_by(&peers);
             }
+            setups.iter_mut().for_each(Setup::mark_ready);
+            ptrace_ready = true;
+            progressed = true;
+        }
+        for s in setups.iter_mut() {
+            progressed |= s.advance_probe();
         }
         if lower.is_empty() && setups.iter().all(Setup::done) {
             break;
         }
         if last_check.elapsed() >= LIVENESS_INTERVAL {
             last_check = Instant::now();
+            // Rare (a peer that cannot see our /proc), so looked for only this often.
+            for s in setups.iter_mut().filter(|s| s.awaits_attach()) {
+                if store.get(&need_file_key(&opts.key_prefix, rank, s.peer))?.is_some() {
+                    s.offer_file(opts, store)?;
+                }
+            }
             for s in setups.iter().filter(|s| !s.done()) {
                 if s.watch.as_ref().is_some_and(|w| !w.alive()) {
                     return Err(Error::PeerLost {
@@ -705,7 +461,7 @@ pub fn connect_shm(opts: &ShmOptions, store: &dyn Store) -> Result<Vec<Option<Sh
             }
         }
         if Instant::now() >= deadline {
-            let mut waiting_on: Vec<usize> = lower.clone();
+            let mut waiting_on: Vec<usize> = lower.iter().map(|&(a, _)| a).collect();
             waiting_on.extend(setups.iter().filter(|s| !s.done()).map(|s| s.peer));
             waiting_on.sort_unstable();
             return Err(Error::Timeout { ctx: setup_ctx(rank), timeout: opts.timeout, waiting_on });

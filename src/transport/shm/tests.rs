@@ -6,7 +6,11 @@
 
 use super::*;
 use crate::bootstrap::{FileStore, MemStore};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 const ROLE_ENV: &str = "BRAID_SHM_TEST_ROLE";
 const STORE_ENV: &str = "BRAID_SHM_TEST_STORE";
@@ -16,6 +20,8 @@ const BIG: usize = 64 << 20;
 fn opts(rank: usize, world: usize) -> ShmOptions {
     let mut o = ShmOptions::new(rank, world, "t");
     o.timeout = Duration::from_secs(30);
+    // As with BRAID_CMA=1, so the single-copy paths are exercised.
+    o.cma = true;
     o
 }
 
@@ -138,7 +144,7 @@ fn child_role() {
             let got = exchange(&mut link, &out, BIG);
             assert!(got == stream(0, BIG), "child received wrong bytes");
             // Single copy: read the parent's send buffer straight out of its memory.
-            if link.can_read_peer() {
+            if link.reads_peer_addresses() {
                 let addr: usize = String::from_utf8(wait_key(&store, "parent/buf")).unwrap().parse().unwrap();
                 let mut dst = vec![0u8; BIG];
                 link.read_peer(addr, &mut dst).unwrap();
@@ -167,7 +173,8 @@ fn child_role() {
 fn two_processes_exchange_64_mib_both_ways_and_read_peer_memory() {
     let child = ChildRank::spawn("exchange");
     let (mut link, name) = child.connect();
-    assert!(!name.exists(), "segment {} still in /dev/shm after setup", name.display());
+    // Another process opened the memfd through /proc: nothing was ever named in /dev/shm.
+    assert!(segment::parse_memfd_handle(name.as_os_str().as_encoded_bytes()).is_some(), "{}", name.display());
     assert_eq!(link.peer(), 1);
     assert_eq!(link.kind(), TransportKind::Shm);
     assert_eq!(link.peer_pid(), child.pid());
@@ -182,8 +189,8 @@ fn two_processes_exchange_64_mib_both_ways_and_read_peer_memory() {
     let addr: usize = String::from_utf8(wait_key(&child.store, "child/buf")).unwrap().parse().unwrap();
     let mut raw = vec![0u8; 1 << 20];
     let direct = vm_read(child.pid(), addr, &mut raw);
-    assert_eq!(link.can_read_peer(), direct.is_ok(), "probe disagrees with a direct read: {direct:?}");
-    assert!(link.can_read_peer(), "CMA unavailable here (running as root, so expected): {direct:?}");
+    assert_eq!(link.reads_peer_addresses(), direct.is_ok(), "probe disagrees with a direct read: {direct:?}");
+    assert!(link.reads_peer_addresses(), "CMA unavailable here (running as root, so expected): {direct:?}");
     let mut part = vec![0u8; (1 << 20) + 123];
     link.read_peer(addr + 77, &mut part).unwrap();
     assert!(part.iter().enumerate().all(|(i, &b)| b == pattern(1, i + 77)));
@@ -273,7 +280,7 @@ fn thread_ranks_link_only_the_marked_pairs() {
     // 0 -> 2 across a 1000-byte ring (wraps many times), checked byte for byte.
     let mut l02 = meshes[0][2].take().unwrap();
     let mut l20 = meshes[2][0].take().unwrap();
-    assert!(l02.can_read_peer() && l20.can_read_peer(), "same-process CMA must work");
+    assert!(l02.reads_peer_addresses() && l20.reads_peer_addresses(), "same-process CMA must work");
     let data = stream(0, 100_000);
     let got = std::thread::scope(|s| {
         s.spawn(|| {
@@ -309,8 +316,59 @@ fn creator_removes_its_segment_when_the_peer_never_comes() {
         other => panic!("expected a timeout, got {other}"),
     }
     let name = String::from_utf8(store.get(&segment_key("t", 0, 1)).unwrap().unwrap()).unwrap();
-    assert!(name.starts_with("/dev/shm/braid-"), "{name}");
-    assert!(!Path::new(&name).exists(), "{name} left behind");
+    assert!(segment::parse_memfd_handle(name.as_bytes()).is_some(), "{name}");
+    // Nothing named, so nothing can be left behind; and no fallback file either.
+    assert!(store.get(&setup::file_key("t", 0, 1)).unwrap().is_none());
+}
+
+#[test]
+fn a_rank_that_cannot_open_the_memfd_gets_a_named_segment_that_is_removed_after_setup() {
+    let store = MemStore::new();
+    let meshes = thread_ranks(&store, &[0, 1], |r| {
+        setup::tests_hook::REFUSE_MEMFD.set(r == 1);
+        let mut o = opts(r, 2);
+        o.ring_bytes = 1000;
+        o
+    });
+    let mut meshes: Vec<Vec<Option<ShmLink>>> = meshes.into_iter().map(|m| m.unwrap()).collect();
+    assert!(store.get(&setup::need_file_key("t", 0, 1)).unwrap().is_some());
+    let name = String::from_utf8(store.get(&setup::file_key("t", 0, 1)).unwrap().unwrap()).unwrap();
+    assert!(name.starts_with("/dev/shm/braid-") && !Path::new(&name).exists(), "{name}");
+    let mut l01 = meshes[0][1].take().unwrap();
+    let mut l10 = meshes[1][0].take().unwrap();
+    let data = stream(0, 5000);
+    let got = std::thread::scope(|s| {
+        s.spawn(|| exchange(&mut l01, &data, 0));
+        exchange(&mut l10, &[], data.len())
+    });
+    assert!(got == data);
+}
+
+#[test]
+fn a_sealed_segment_cannot_be_truncated_by_the_peer() {
+    let store = MemStore::new();
+    let creator = create(&opts(0, 2), 1, &store).unwrap();
+    let published = store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
+    let (pid, fd, _) = segment::parse_memfd_handle(&published).expect("a memfd segment here");
+    let Attached::Done(attacher) = attach_published(&opts(1, 2), 0, &published, &store).unwrap() else {
+        panic!("this process's own memfd must open");
+    };
+    // The peer, holding the same memory object read-write, tries to shrink and grow it.
+    let peer_view = segment::open_memfd(pid, fd).unwrap();
+    let len = peer_view.metadata().unwrap().len();
+    for to in [0, 4096, len + 4096] {
+        let e = peer_view.set_len(to).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "set_len({to}): {e}");
+    }
+    // SAFETY: plain system call on our descriptor.
+    let r = unsafe { libc::fallocate(peer_view.as_raw_fd(), 0, 0, (len + 4096) as libc::off_t) };
+    assert_eq!(r, -1, "growing past the seal");
+    assert_eq!(peer_view.metadata().unwrap().len(), len);
+    let (mut l0, mut l1) = (creator.into_link().unwrap(), attacher.into_link().unwrap());
+    assert_eq!(l0.try_write(&[b"still here"]).unwrap(), 10);
+    let mut buf = [0u8; 10];
+    assert_eq!(l1.try_read(&mut buf).unwrap(), 10);
+    assert_eq!(&buf, b"still here");
 }
 
 #[test]
@@ -333,6 +391,13 @@ fn bad_segment_names_and_options_are_refused() {
     assert!(err.contains("rank 0") && err.contains("/dev/shm"), "{err}");
     store.set(&segment_key("t", 0, 1), b"/dev/shm/../etc/passwd").unwrap();
     assert!(matches!(connect_shm(&opts(1, 2), &store), Err(Error::Protocol { peer: 0, .. })));
+    // A handle naming a descriptor that is no sealed memfd (pid 1's stdin): never
+    // mapped; a named segment is asked for instead, which never comes.
+    store.set(&segment_key("t", 0, 1), b"memfd:1:0:0").unwrap();
+    let mut o = opts(1, 2);
+    o.timeout = Duration::from_millis(300);
+    assert!(matches!(connect_shm(&o, &store), Err(Error::Timeout { .. })));
+    assert!(store.get(&setup::need_file_key("t", 0, 1)).unwrap().is_some());
     let mut o = opts(0, 2);
     o.peers = vec![true];
     assert!(matches!(connect_shm(&o, &store), Err(Error::InvalidArgument(_))));
@@ -340,4 +405,170 @@ fn bad_segment_names_and_options_are_refused() {
     // Nobody to link with: nothing to wait for.
     let links = connect_shm(&opts(0, 1), &store).unwrap();
     assert!(links.len() == 1 && links[0].is_none());
+}
+
+#[test]
+fn a_peer_rewriting_the_ring_capacity_after_validation_is_refused() {
+    for bad in [1u64 << 40, u64::MAX - 10] {
+        let store = MemStore::new();
+        let creator = create(&opts(0, 2), 1, &store).unwrap();
+        let name = store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
+        let Attached::Done(attacher) = attach_published(&opts(1, 2), 0, &name, &store).unwrap() else { panic!() };
+        // The creator, playing a bad peer, rewrites the capacity the attacher validated.
+        creator.map.header().ring_capacity.store(bad, Ordering::Relaxed);
+        let link = attacher.into_link().map(|_| ());
+        assert!(link.is_ok(), "the attacher keeps the capacity it validated: {:?}", link.err());
+        // And the attacher, playing a bad peer, does the same to the creator.
+        let link = creator.into_link().map(|_| ());
+        assert!(link.is_ok(), "the creator keeps its own capacity: {:?}", link.err());
+    }
+}
+
+/// Both ends of one pair, set up by hand (no auth or probe wait), plus the
+/// creator's mapping, through which a test plays a peer writing into the segment.
+fn hand_made_pair(ring_bytes: usize) -> (ShmLink, ShmLink, Arc<segment::Mapping>) {
+    let store = MemStore::new();
+    let mut o0 = opts(0, 2);
+    o0.ring_bytes = ring_bytes;
+    let creator = create(&o0, 1, &store).unwrap();
+    let name = store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
+    let Attached::Done(attacher) = attach_published(&opts(1, 2), 0, &name, &store).unwrap() else { panic!() };
+    let map = creator.map.clone();
+    (creator.into_link().unwrap(), attacher.into_link().unwrap(), map)
+}
+
+/// The shared `head` (first word) or `tail` (second block) of ring `i` in `map`.
+fn ring_counter(map: &segment::Mapping, i: usize, tail: bool) -> &std::sync::atomic::AtomicU64 {
+    let (at, _) = map.ring(i).unwrap();
+    // SAFETY: a ring region starts with its header: head at offset 0, tail at 128,
+    // both 8-aligned u64 atomics inside the mapping `map` keeps alive.
+    unsafe { &*(at.as_ptr().add(if tail { 128 } else { 0 }) as *const std::sync::atomic::AtomicU64) }
+}
+
+#[test]
+fn garbage_ring_counters_in_a_live_segment_are_invalid_data_naming_the_peer() {
+    let (mut l0, mut l1, map) = hand_made_pair(4096);
+    assert_eq!(l0.try_write(&[b"hello"]).unwrap(), 5);
+    // The sender's head jumps far past the capacity: the receiver refuses it.
+    ring_counter(&map, 0, false).store(1 << 40, Ordering::Release);
+    let mut buf = [0u8; 64];
+    let e = l1.try_read(&mut buf).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    assert!(e.to_string().contains("rank 0"), "{e}");
+    assert_eq!(l1.peek(64).unwrap_err().kind(), io::ErrorKind::InvalidData);
+    // The receiver's tail runs ahead of everything written: the sender refuses it.
+    ring_counter(&map, 0, true).store(1 << 40, Ordering::Release);
+    let e = l0.try_write(&[b"x"]).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    // A rewritten capacity in the segment or ring header changes nothing.
+    map.header().ring_capacity.store(u64::MAX, Ordering::Relaxed);
+    ring_counter(&map, 0, false).store(5, Ordering::Release);
+    assert_eq!(l1.try_read(&mut buf).unwrap(), 5);
+    assert_eq!(&buf[..5], b"hello");
+}
+
+#[test]
+fn ring_sizes_beyond_the_limit_are_refused_before_anything_is_made() {
+    let store = MemStore::new();
+    for bad in [0, MAX_RING_BYTES + 1, usize::MAX] {
+        let mut o = opts(0, 2);
+        o.ring_bytes = bad;
+        assert!(matches!(connect_shm(&o, &store), Err(Error::InvalidArgument(_))), "{bad}");
+        assert!(matches!(create(&o, 1, &store), Err(Error::InvalidArgument(_))), "{bad}");
+    }
+    assert!(store.get(&segment_key("t", 0, 1)).unwrap().is_none());
+}
+
+/// Connect ranks 0 and 1 as threads with the given keys; both results.
+fn connect_pair_with_keys(k0: &str, k1: &str) -> Vec<Result<Vec<Option<ShmLink>>>> {
+    let store = MemStore::new();
+    thread_ranks(&store, &[0, 1], |r| {
+        let mut o = opts(r, 2);
+        o.key = crate::auth::JobKey::from_text(if r == 0 { k0 } else { k1 });
+        o.timeout = Duration::from_secs(10);
+        o
+    })
+}
+
+#[test]
+fn ranks_with_the_same_job_key_link_and_different_keys_fail_on_both_sides() {
+    for (k0, k1) in [("secret", "secret"), ("", "")] {
+        for r in connect_pair_with_keys(k0, k1) {
+            assert!(r.is_ok(), "keys {k0:?}/{k1:?}: {:?}", r.err());
+        }
+    }
+    for (k0, k1) in [("secret", "other"), ("secret", ""), ("", "secret")] {
+        let started = Instant::now();
+        let rs = connect_pair_with_keys(k0, k1);
+        assert!(started.elapsed() < Duration::from_secs(5), "a failed proof must not wait for the timeout");
+        for (rank, r) in rs.into_iter().enumerate() {
+            match r {
+                Err(Error::Protocol { peer, ctx, detail }) => {
+                    assert_eq!((ctx.rank, peer), (rank, 1 - rank));
+                    assert!(detail.contains("job key"), "{detail}");
+                }
+                Err(other) => panic!("rank {rank}, keys {k0:?}/{k1:?}: expected a protocol error, got {other}"),
+                Ok(_) => panic!("rank {rank}, keys {k0:?}/{k1:?}: linked without the same key"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_forged_creator_proof_is_refused_by_the_attacher() {
+    let store = MemStore::new();
+    let mut o0 = opts(0, 2);
+    o0.key = crate::auth::JobKey::from_text("k");
+    let mut o1 = opts(1, 2);
+    o1.key = o0.key.clone();
+    let mut creator = create(&o0, 1, &store).unwrap();
+    let name = store.get(&segment_key("t", 0, 1)).unwrap().unwrap();
+    let Attached::Done(mut attacher) = attach_published(&o1, 0, &name, &store).unwrap() else { panic!() };
+    assert!(creator.advance_auth().unwrap());
+    // A stranger rewrites the creator's answer after the verdict.
+    segment::store_words(&creator.map.header().proof[0], &[7u8; 32]);
+    let e = attacher.advance_auth().expect_err("forged proof accepted").to_string();
+    assert!(e.contains("rank 0") && e.contains("job key"), "{e}");
+}
+
+#[test]
+fn without_cma_registered_single_copy_stays_allowed_and_address_reads_fail_cleanly() {
+    let store = MemStore::new();
+    let meshes = thread_ranks(&store, &[0, 1], |r| {
+        let mut o = opts(r, 2);
+        o.cma = false;
+        o
+    });
+    let mut meshes: Vec<Vec<Option<ShmLink>>> = meshes.into_iter().map(|m| m.unwrap()).collect();
+    let mut l01 = meshes[0][1].take().unwrap();
+    let l10 = meshes[1][0].take().unwrap();
+    for l in [&l01, &l10] {
+        assert!(l.can_read_peer(), "registered segments are mappable by any rank sharing /dev/shm");
+        assert!(!l.reads_peer_addresses(), "CMA was not asked for");
+    }
+    let src = [5u8; 64];
+    let mut dst = [0u8; 64];
+    let e = l01.read_peer(src.as_ptr() as usize, &mut dst).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::Unsupported);
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    assert_eq!(dst, [0u8; 64]);
+}
+
+#[test]
+fn a_fifo_or_symlink_under_a_segment_name_is_refused_without_waiting() {
+    let dir = format!("/dev/shm/braid-test-fifo-{}-{:016x}", std::process::id(), random_u64());
+    let fifo = std::ffi::CString::new(dir.clone()).unwrap();
+    // SAFETY: a NUL-terminated path; creates a FIFO.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let link = format!("{dir}-link");
+    std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+    for name in [&dir, &link] {
+        let started = Instant::now();
+        let r = attach(&opts(1, 2), 0, name.as_bytes());
+        assert!(r.is_err(), "{name} accepted");
+        assert!(started.elapsed() < Duration::from_secs(2), "{name}: took {:?}", started.elapsed());
+    }
+    let _ = std::fs::remove_file(&dir);
+    let _ = std::fs::remove_file(&link);
 }
