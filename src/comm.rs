@@ -477,6 +477,7 @@ impl CommunicatorBuilder {
             opts.timeout = cfg.timeout;
             opts.comm_id = comm_id as u64;
             opts.peers = Some(tcp_peers);
+            opts.key = cfg.job_key.clone();
             for (p, l) in connect_mesh(&opts, &scoped)?.into_iter().enumerate() {
                 if let Some(l) = l {
                     links[p] = Some(Box::new(l));
