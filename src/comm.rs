@@ -446,7 +446,7 @@ impl CommunicatorBuilder {
                         "no store: set BRAID_STORE (tcp://HOST:PORT or file:///PATH) or pass one to the builder".into(),
                     )
                 })?;
-                connect_store(url, cfg.rank == 0, cfg.timeout)?
+                connect_store(url, cfg.rank == 0, cfg.job_key.clone(), cfg.timeout)?
             }
         };
         let prefix = "braid/comm0".to_string();
