@@ -221,6 +221,16 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
         return Ok(links);
     }
 
+    if !opts.key.is_set() {
+        static UNKEYED: std::sync::Once = std::sync::Once::new();
+        UNKEYED.call_once(|| {
+            tracing::warn!(
+                rank,
+                "tcp mesh: no job key (BRAID_JOB_KEY) is set, so anyone who can reach this rank's port can \
+                 join the job; `braid run` sets one, or export the same secret on every rank"
+            )
+        });
+    }
     let local = ifaces::local_address(opts.ifname.as_deref(), opts.family)?;
     let listener = listen(local, world)?;
     let bound = listener
