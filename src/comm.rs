@@ -446,7 +446,7 @@ impl CommunicatorBuilder {
                         "no store: set BRAID_STORE (tcp://HOST:PORT or file:///PATH) or pass one to the builder".into(),
                     )
                 })?;
-                connect_store(url, cfg.rank == 0, cfg.timeout)?
+                connect_store(url, cfg.rank == 0, cfg.job_key.clone(), cfg.timeout)?
             }
         };
         let prefix = "braid/comm0".to_string();
@@ -479,6 +479,7 @@ impl CommunicatorBuilder {
             opts.timeout = cfg.timeout;
             opts.comm_id = comm_id as u64;
             opts.peers = Some(tcp_peers);
+            opts.key = cfg.job_key.clone();
             for (p, l) in connect_mesh(&opts, &scoped)?.into_iter().enumerate() {
                 if let Some(l) = l {
                     links[p] = Some(Box::new(l));

@@ -5,14 +5,18 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use braid::auth::JobKey;
 use braid::bootstrap::TcpStoreServer;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+/// The job key of the ranks these tests start by hand, and of their store.
+const KEY: &str = "cli-test-job-key";
 
 #[test]
 fn run_prefixes_output_with_the_rank_and_sets_the_environment() {
     let out = Command::new(BRAID)
         .args(["run", "-n", "3", "--", "sh", "-c", "echo rank=$BRAID_RANK of $BRAID_WORLD_SIZE at $BRAID_STORE"])
+        .env_remove("BRAID_JOB_KEY")
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -20,6 +24,37 @@ fn run_prefixes_output_with_the_rank_and_sets_the_environment() {
     for r in 0..3 {
         assert!(text.lines().any(|l| l.starts_with(&format!("[{r}] rank={r} of 3 at tcp://127.0.0.1:"))), "{text}");
     }
+}
+
+/// The `BRAID_JOB_KEY` each rank of `braid run -n 2` saw, with `outer` in the launcher's environment.
+fn keys_given_to_ranks(outer: Option<&str>) -> Vec<String> {
+    let mut cmd = Command::new(BRAID);
+    cmd.args(["run", "-n", "2", "--", "sh", "-c", "echo key=$BRAID_JOB_KEY"]);
+    match outer {
+        Some(k) => cmd.env("BRAID_JOB_KEY", k),
+        None => cmd.env_remove("BRAID_JOB_KEY"),
+    };
+    let out = cmd.output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    (0..2)
+        .map(|r| {
+            let prefix = format!("[{r}] key=");
+            text.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("{text}")).to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn run_gives_every_rank_the_same_job_key() {
+    // Generated: 64 hex digits, the same for every rank, new for every job.
+    let first = keys_given_to_ranks(None);
+    assert_eq!(first[0].len(), 64, "{first:?}");
+    assert!(first[0].bytes().all(|b| b.is_ascii_hexdigit()), "{first:?}");
+    assert_eq!(first[0], first[1]);
+    assert_ne!(keys_given_to_ranks(None)[0], first[0]);
+    // Inherited when the launcher's environment has one.
+    assert_eq!(keys_given_to_ranks(Some("given-key")), vec!["given-key", "given-key"]);
 }
 
 #[test]
@@ -60,6 +95,7 @@ fn perf_ranks(
                 .env("BRAID_RANK", rank.to_string())
                 .env("BRAID_WORLD_SIZE", world.to_string())
                 .env("BRAID_STORE", store)
+                .env("BRAID_JOB_KEY", KEY)
                 .env("BRAID_TIMEOUT", "30")
                 .env("BRAID_TRANSPORTS", transport)
                 .stdout(Stdio::piped())
@@ -84,7 +120,7 @@ fn ranks_running_different_collectives_both_fail_naming_both() {
 }
 
 fn different_collectives(transport: &str) {
-    let server = TcpStoreServer::bind("127.0.0.1:0").unwrap();
+    let server = TcpStoreServer::bind("127.0.0.1:0", JobKey::from_text(KEY)).unwrap();
     let store = format!("tcp://{}", server.local_addr());
     let mut kids = perf_ranks(&store, 2, transport, |rank| {
         let op = if rank == 0 { "all-reduce" } else { "broadcast" };
@@ -106,7 +142,7 @@ fn killing_a_rank_mid_sweep_fails_the_others_naming_it() {
 }
 
 fn kill_mid_sweep(transport: &str) {
-    let server = TcpStoreServer::bind("127.0.0.1:0").unwrap();
+    let server = TcpStoreServer::bind("127.0.0.1:0", JobKey::from_text(KEY)).unwrap();
     let store = format!("tcp://{}", server.local_addr());
     let mut kids = perf_ranks(&store, 3, transport, |_| {
         ["--min-bytes", "1K", "--max-bytes", "64M", "--iters", "100000"].map(String::from).to_vec()

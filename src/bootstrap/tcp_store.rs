@@ -1,7 +1,21 @@
 //! A TCP key-value store: one process hosts a [`TcpStoreServer`] and every rank
 //! talks to it through a [`TcpStore`] client, as torch's TCPStore does.
 //!
-//! Wire protocol, little-endian, one request then one reply per round trip:
+//! Every connection starts with a handshake proving the job key
+//! ([`crate::auth`]; the key never travels). The server speaks first:
+//!
+//! ```text
+//! server hello  = "BRAIDKVS" version:u32 server-challenge[32]                       44 B
+//! client hello  = "BRAIDKVS" version:u32 client-challenge[32] client-proof[32]      76 B
+//! server proof  = server-proof[32]                                                  32 B
+//! ```
+//!
+//! The client answers as [`crate::auth::Role::Initiator`], the server as
+//! [`crate::auth::Role::Responder`], over the context `braid-tcp-store` and both
+//! challenges. A client whose proof fails is closed before any request is read;
+//! a server whose proof fails is refused by the client.
+//!
+//! Then requests, little-endian, one request then one reply per round trip:
 //!
 //! ```text
 //! request = op:u8 body       key   = len:u32 (<= 4 KiB) utf8-bytes
@@ -14,7 +28,18 @@
 //! ```
 //!
 //! WAIT is served by the server (a condition variable woken on every SET and ADD),
-//! so a waiting rank costs one blocked thread, not a stream of polls.
+//! so a waiting rank costs one blocked thread, not a stream of polls. The server
+//! bounds what a client can cost it ([`StoreLimits`]): a WAIT names at most
+//! 65536 keys (16 MiB of them) and blocks at most an hour by default.
+//!
+//! Retrying: the server may close a pooled connection that sat idle. A request
+//! on a pooled connection is therefore sent once more, on a fresh connection,
+//! when its connection shows it was closed before the request could have been
+//! served: the write failed (broken pipe, reset), or the reply ended (EOF,
+//! reset) before its first byte. That is safe even for ADD, because the server
+//! never closes a connection between reading a whole request and writing its
+//! reply, except when it stops, and then the fresh connection fails too. A
+//! timeout is never retried: the request may be in progress.
 
 mod server;
 mod wire;
@@ -24,10 +49,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs}
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::auth::{self, JobKey, PROOF_LEN};
 use crate::bootstrap::Store;
 use crate::error::{Error, Result};
 use server::bind_listener;
-pub use server::TcpStoreServer;
+pub use server::{StoreLimits, TcpStoreServer};
 use wire::*;
 
 /// Added to a WAIT's own timeout for the reply to come back.
@@ -39,11 +65,16 @@ const MAX_IDLE_CONNS: usize = 8;
 /// Each call borrows a connection from a small pool (opening one when none is idle),
 /// so a `wait` blocked in one thread never holds up other threads' calls. A
 /// connection whose request failed is discarded, since its framing is then unknown.
+/// Every connection proves the job key first; every round trip (but a WAIT, which
+/// gets its own timeout) must finish within the timeout the client was made with.
 pub struct TcpStore {
     /// The address as the caller gave it, for error messages.
     addr: String,
     /// The resolved address that answered; new pool connections go there.
     peer: SocketAddr,
+    key: JobKey,
+    /// Deadline of a connect, a handshake and a round trip (`BRAID_TIMEOUT`).
+    timeout: Duration,
     idle: Mutex<Vec<TcpStream>>,
     /// Declared last so the client's connections close before the server stops.
     server: Option<TcpStoreServer>,
@@ -51,29 +82,34 @@ pub struct TcpStore {
 
 impl TcpStore {
     /// Connect to the server at `addr` ("HOST:PORT"), retrying with backoff while it
-    /// is not up yet; fails once `timeout` passes, naming the address.
-    pub fn connect(addr: &str, timeout: Duration) -> Result<TcpStore> {
+    /// is not up yet, and prove `key`; fails once `timeout` passes, naming the
+    /// address, or at once when the server and this client hold different keys.
+    /// `timeout` also bounds every later round trip.
+    pub fn connect(addr: &str, key: JobKey, timeout: Duration) -> Result<TcpStore> {
+        // Zero is not a socket timeout (it means none, or is refused).
+        let timeout = timeout.max(Duration::from_millis(1));
         let (stream, peer) = connect_retry(addr, timeout)?;
-        Ok(TcpStore { addr: addr.to_owned(), peer, idle: Mutex::new(vec![stream]), server: None })
+        let store = TcpStore { addr: addr.to_owned(), peer, key, timeout, idle: Mutex::new(Vec::new()), server: None };
+        store.handshake(&stream)?;
+        lock(&store.idle).push(stream);
+        Ok(store)
     }
 
     /// When `host_if_absent`, host the server at `addr` in this process if the port
-    /// is free (the server then lives as long as the returned client), and connect
-    /// as a plain client if it is taken or the address is not local. Otherwise connect.
-    pub fn connect_or_host(addr: &str, host_if_absent: bool, timeout: Duration) -> Result<TcpStore> {
+    /// is free (the server then lives as long as the returned client, and serves
+    /// clients proving `key`), and connect as a plain client if it is taken or the
+    /// address is not local. Otherwise connect.
+    pub fn connect_or_host(addr: &str, host_if_absent: bool, key: JobKey, timeout: Duration) -> Result<TcpStore> {
         if host_if_absent {
             match bind_listener(addr) {
                 Ok(listener) => {
-                    let server = TcpStoreServer::serve(listener)?;
+                    let server = TcpStoreServer::serve(listener, key.clone(), StoreLimits::default())?;
                     let target = connectable(server.local_addr());
-                    let (stream, peer) = connect_retry(&target.to_string(), timeout)?;
+                    let mut store = TcpStore::connect(&target.to_string(), key, timeout)?;
                     tracing::info!(addr, local_addr = %server.local_addr(), "hosting the tcp store");
-                    return Ok(TcpStore {
-                        addr: addr.to_owned(),
-                        peer,
-                        idle: Mutex::new(vec![stream]),
-                        server: Some(server),
-                    });
+                    store.addr = addr.to_owned();
+                    store.server = Some(server);
+                    return Ok(store);
                 }
                 Err(e) if matches!(e.kind(), io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable) => {
                     tracing::debug!(addr, "not hosting the tcp store ({e}); connecting as a client");
@@ -81,7 +117,7 @@ impl TcpStore {
                 Err(e) => return Err(Error::io(format!("hosting the tcp store at {addr}"), e)),
             }
         }
-        TcpStore::connect(addr, timeout)
+        TcpStore::connect(addr, key, timeout)
     }
 
     /// Whether this client hosts the server it talks to.
@@ -103,20 +139,67 @@ impl TcpStore {
         Error::Store(format!("tcp store {}: {what}: {msg}", self.addr))
     }
 
+    /// Prove the job key on a new connection and check the server's proof.
+    fn handshake(&self, stream: &TcpStream) -> Result<()> {
+        let fail = |msg: String| Error::Store(format!("tcp store {}: handshake: {msg}", self.addr));
+        let io_fail = |e: io::Error| fail(timed_out(e, self.timeout).to_string());
+        stream.set_write_timeout(Some(self.timeout)).map_err(io_fail)?;
+        stream.set_read_timeout(Some(self.timeout)).map_err(io_fail)?;
+        let mut s = stream;
+        let hello = read_array::<SERVER_HELLO_LEN>(&mut s).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
+                fail("the server closed the connection before its hello (at its connection cap?)".into())
+            }
+            _ => io_fail(e),
+        })?;
+        let server = decode_server_hello(&hello).map_err(fail)?;
+        let ours = auth::challenge();
+        s.write_all(&encode_client_hello(&self.key, &ours, &server)).map_err(io_fail)?;
+        let proof = read_array::<PROOF_LEN>(&mut s).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => fail(
+                "the server closed the connection: it refused our proof of the job key \
+                 (is BRAID_JOB_KEY the same here as where the store is hosted?)"
+                    .into(),
+            ),
+            _ => io_fail(e),
+        })?;
+        if !verify_server_proof(&self.key, &ours, &server, &proof) {
+            return Err(fail(format!(
+                "the server {KEY_NOT_PROVEN} (is BRAID_JOB_KEY the same here as where the store is hosted?)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A new connection to the server, past the handshake.
+    fn open(&self, what: &str) -> Result<TcpStream> {
+        let s = TcpStream::connect_timeout(&self.peer, self.timeout)
+            .map_err(|e| Error::io(format!("tcp store {}: {what}: connecting to {}", self.addr, self.peer), e))?;
+        let _ = s.set_nodelay(true);
+        self.handshake(&s)?;
+        Ok(s)
+    }
+
     /// Send `msg` and read the reply, allowing `deadline` for each socket operation.
+    /// A pooled connection that turns out closed before the request could be served
+    /// gets one retry on a fresh connection (see the module docs).
     fn request(&self, what: &str, msg: &[u8], deadline: Duration) -> Result<(u8, Vec<u8>)> {
         let pooled = lock(&self.idle).pop();
+        let reused = pooled.is_some();
         let stream = match pooled {
             Some(s) => s,
-            None => {
-                let s = TcpStream::connect_timeout(&self.peer, IO_TIMEOUT).map_err(|e| {
-                    Error::io(format!("tcp store {}: {what}: connecting to {}", self.addr, self.peer), e)
-                })?;
-                let _ = s.set_nodelay(true);
-                s
-            }
+            None => self.open(what)?,
         };
-        match roundtrip(&stream, msg, deadline) {
+        let (stream, result) = match roundtrip(&stream, msg, deadline) {
+            Err(RoundTrip::Unserved(e)) if reused => {
+                tracing::debug!(addr = %self.addr, "tcp store: {what}: pooled connection was closed ({e}); retrying once");
+                let fresh = self.open(what)?;
+                let result = roundtrip(&fresh, msg, deadline);
+                (fresh, result)
+            }
+            result => (stream, result),
+        };
+        match result {
             Ok(reply) => {
                 let mut idle = lock(&self.idle);
                 if idle.len() < MAX_IDLE_CONNS {
@@ -124,7 +207,9 @@ impl TcpStore {
                 }
                 Ok(reply)
             }
-            Err(e) => Err(Error::io(format!("tcp store {}: {what}", self.addr), e)),
+            Err(RoundTrip::Unserved(e) | RoundTrip::Failed(e)) => {
+                Err(Error::io(format!("tcp store {}: {what}", self.addr), e))
+            }
         }
     }
 }
@@ -184,19 +269,41 @@ fn connect_retry(addr: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr
     }
 }
 
-fn roundtrip(stream: &TcpStream, msg: &[u8], deadline: Duration) -> io::Result<(u8, Vec<u8>)> {
-    let timed_out = |e: io::Error| match e.kind() {
+/// How a round trip failed.
+enum RoundTrip {
+    /// The connection was closed before the request could have been served.
+    Unserved(io::Error),
+    /// Anything else: the request may or may not have been served.
+    Failed(io::Error),
+}
+
+fn timed_out(e: io::Error, deadline: Duration) -> io::Error {
+    match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
             io::Error::new(io::ErrorKind::TimedOut, format!("no reply within {deadline:?}"))
         }
         _ => e,
-    };
-    stream.set_write_timeout(Some(deadline))?;
-    stream.set_read_timeout(Some(deadline))?;
+    }
+}
+
+fn roundtrip(stream: &TcpStream, msg: &[u8], deadline: Duration) -> std::result::Result<(u8, Vec<u8>), RoundTrip> {
+    use io::ErrorKind::*;
+    let failed = |e| RoundTrip::Failed(timed_out(e, deadline));
+    stream.set_write_timeout(Some(deadline)).map_err(failed)?;
+    stream.set_read_timeout(Some(deadline)).map_err(failed)?;
     let mut s = stream;
-    s.write_all(msg).map_err(timed_out)?;
-    let status = read_array::<1>(&mut s).map_err(timed_out)?[0];
-    let body = read_bytes(&mut s, MAX_VALUE.max(MAX_MESSAGE), "reply").map_err(timed_out)?;
+    // The server closed the connection before reading all of the request: not served.
+    s.write_all(msg).map_err(|e| match e.kind() {
+        BrokenPipe | ConnectionReset | ConnectionAborted | NotConnected => RoundTrip::Unserved(e),
+        _ => failed(e),
+    })?;
+    // No byte of the reply: the server closed without serving (it never closes
+    // between reading a whole request and replying, unless it is stopping).
+    let status = read_array::<1>(&mut s).map_err(|e| match e.kind() {
+        UnexpectedEof | ConnectionReset | ConnectionAborted => RoundTrip::Unserved(e),
+        _ => failed(e),
+    })?[0];
+    let body = read_bytes(&mut s, MAX_VALUE.max(MAX_MESSAGE), "reply").map_err(failed)?;
     Ok((status, body))
 }
 
@@ -229,7 +336,7 @@ impl Store for TcpStore {
         let mut msg = key_msg(OP_SET, key, 4 + value.len())?;
         put_bytes(&mut msg, value);
         let what = format!("set `{key}`");
-        match self.request(&what, &msg, IO_TIMEOUT)? {
+        match self.request(&what, &msg, self.timeout)? {
             (ST_OK, _) => Ok(()),
             (st, body) => Err(self.error(&what, unexpected(st, &body))),
         }
@@ -237,7 +344,7 @@ impl Store for TcpStore {
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         let what = format!("get `{key}`");
-        match self.request(&what, &key_msg(OP_GET, key, 0)?, IO_TIMEOUT)? {
+        match self.request(&what, &key_msg(OP_GET, key, 0)?, self.timeout)? {
             (ST_OK, body) => Ok(Some(body)),
             (ST_ABSENT, _) => Ok(None),
             (st, body) => Err(self.error(&what, unexpected(st, &body))),
@@ -270,7 +377,7 @@ impl Store for TcpStore {
         let mut msg = key_msg(OP_ADD, key, 8)?;
         msg.extend_from_slice(&delta.to_le_bytes());
         let what = format!("add `{key}`");
-        match self.request(&what, &msg, IO_TIMEOUT)? {
+        match self.request(&what, &msg, self.timeout)? {
             (ST_OK, body) => match <[u8; 8]>::try_from(body.as_slice()) {
                 Ok(b) => Ok(i64::from_le_bytes(b)),
                 Err(_) => Err(self.error(&what, format!("malformed reply of {} bytes", body.len()))),
@@ -281,7 +388,7 @@ impl Store for TcpStore {
 
     fn delete(&self, key: &str) -> Result<bool> {
         let what = format!("delete `{key}`");
-        match self.request(&what, &key_msg(OP_DELETE, key, 0)?, IO_TIMEOUT)? {
+        match self.request(&what, &key_msg(OP_DELETE, key, 0)?, self.timeout)? {
             (ST_OK, body) if body.len() == 1 => Ok(body[0] != 0),
             (st, body) => Err(self.error(&what, unexpected(st, &body))),
         }
@@ -291,7 +398,7 @@ impl Store for TcpStore {
 impl TcpStore {
     /// Round-trip a no-op request: checks that the server is alive and answering.
     pub fn ping(&self) -> Result<()> {
-        match self.request("ping", &[OP_PING], IO_TIMEOUT)? {
+        match self.request("ping", &[OP_PING], self.timeout)? {
             (ST_OK, _) => Ok(()),
             (st, body) => Err(self.error("ping", unexpected(st, &body))),
         }

@@ -7,42 +7,34 @@
 //! or refused connect never stops this rank from accepting (and vice versa), and
 //! one deadline bounds every wait.
 //!
-//! Handshake: the connector sends a fixed 32-byte hello (magic, protocol version,
-//! kind, communicator id, from rank, to rank); the acceptor checks all of it and
-//! answers with an ack of the same shape, which the connector checks in turn. A
-//! connection with a wrong hello (a port scanner, another job, a stale rank) is
-//! dropped with a warning naming its address, and accepting goes on.
+//! Handshake ([`handshake`]): the connector sends a hello naming the
+//! communicator, both ranks and a fresh challenge; the acceptor answers with an
+//! ack carrying its own challenge and its proof of the job key; the connector
+//! checks it and sends its proof, which the acceptor checks before the link
+//! counts as made. A connection that fails any step (a port scanner, another
+//! job, a stale rank, a client without the key) is dropped and logged at debug
+//! level, and accepting goes on: only a rank that proved the key takes its place.
+
+mod handshake;
 
 use std::io::{self, IoSlice, Read};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::ifaces::{self, AddrFamily};
 use super::{Link, TransportKind};
+use crate::auth::JobKey;
 use crate::bootstrap::Store;
 use crate::error::{Error, OpContext, Result};
-
-/// Protocol version carried in the hello; bump on any wire change.
-pub const PROTOCOL_VERSION: u32 = 1;
-
-/// First bytes of every hello and ack.
-const MAGIC: [u8; 8] = *b"BRAIDTCP";
-const KIND_HELLO: u32 = 1;
-const KIND_ACK: u32 = 2;
-/// Size of a hello or an ack on the wire.
-const HANDSHAKE_LEN: usize = 32;
+pub use handshake::PROTOCOL_VERSION;
+use handshake::*;
 
 /// Most buffers handed to one `sendmsg`; the kernel's IOV_MAX is 1024, and the
 /// executor passes a header plus one or two payload slices, so 64 never binds in practice.
 const MAX_IOV: usize = 64;
-
-/// First and longest pause between connect attempts to a rank that is not listening yet.
-const FIRST_BACKOFF: Duration = Duration::from_millis(10);
-const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 /// How to build a TCP mesh for one communicator.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,11 +59,14 @@ pub struct MeshOptions {
     /// Link only with the ranks marked true (`world` entries; e.g. the peers on
     /// other hosts when shared memory serves the local ones). None links with all.
     pub peers: Option<Vec<bool>>,
+    /// The job key both ends of every link prove in the handshake (default: none,
+    /// which proves nothing). Never sent.
+    pub key: JobKey,
 }
 
 impl MeshOptions {
     /// Options for `rank` of `world` under `key_prefix`, every other knob at its default
-    /// (default interface policy, 60 s timeout, communicator id 0).
+    /// (default interface policy, 60 s timeout, communicator id 0, no job key).
     pub fn new(rank: usize, world: usize, key_prefix: impl Into<String>) -> MeshOptions {
         MeshOptions {
             rank,
@@ -83,6 +78,7 @@ impl MeshOptions {
             comm_id: 0,
             socket_buffer: None,
             peers: None,
+            key: JobKey::none(),
         }
     }
 
@@ -201,95 +197,12 @@ fn configure_stream(sock: &Socket, buffer: Option<usize>) -> io::Result<()> {
     Ok(())
 }
 
-/// A hello (connector to acceptor) or ack (acceptor to connector).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Handshake {
-    version: u32,
-    kind: u32,
-    comm_id: u64,
-    from: u32,
-    to: u32,
-}
-
-impl Handshake {
-    fn encode(&self) -> [u8; HANDSHAKE_LEN] {
-        let mut b = [0u8; HANDSHAKE_LEN];
-        b[0..8].copy_from_slice(&MAGIC);
-        b[8..12].copy_from_slice(&self.version.to_le_bytes());
-        b[12..16].copy_from_slice(&self.kind.to_le_bytes());
-        b[16..24].copy_from_slice(&self.comm_id.to_le_bytes());
-        b[24..28].copy_from_slice(&self.from.to_le_bytes());
-        b[28..32].copy_from_slice(&self.to.to_le_bytes());
-        b
-    }
-
-    /// Decode and check everything but the sender's rank: magic, version, kind,
-    /// communicator and target.
-    fn decode(b: &[u8; HANDSHAKE_LEN], kind: u32, comm_id: u64, to: usize) -> std::result::Result<Handshake, String> {
-        if b[0..8] != MAGIC {
-            return Err("not a braid peer (bad magic)".into());
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let h = Handshake {
-            version: u32_at(8),
-            kind: u32_at(12),
-            comm_id: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
-            from: u32_at(24),
-            to: u32_at(28),
-        };
-        if h.version != PROTOCOL_VERSION {
-            return Err(format!("protocol version {} (this build speaks {PROTOCOL_VERSION})", h.version));
-        }
-        if h.kind != kind {
-            return Err(format!("message kind {} where {kind} was expected", h.kind));
-        }
-        if h.comm_id != comm_id {
-            return Err(format!("communicator id {:#x}, expected {comm_id:#x}", h.comm_id));
-        }
-        if h.to as usize != to {
-            return Err(format!("addressed to rank {}, this is rank {to}", h.to));
-        }
-        Ok(h)
-    }
-}
-
-/// Progress of the connection to one lower rank.
-enum Outgoing {
-    /// Not connected; try again at this instant.
-    Idle(Instant),
-    /// Non-blocking connect in flight.
-    Connecting(Socket),
-    /// Writing the hello; bytes sent so far.
-    SendingHello(Socket, usize),
-    /// Reading the ack; bytes received so far.
-    AwaitingAck(Socket, [u8; HANDSHAKE_LEN], usize),
-    /// Link made.
-    Done,
-}
-
-/// An accepted connection that has not proven who it is yet.
-struct Incoming {
-    sock: Socket,
-    addr: String,
-    buf: [u8; HANDSHAKE_LEN],
-    got: usize,
-    /// Set once the hello checked out: the rank, and how much of the ack is sent.
-    accepted: Option<(usize, usize)>,
-}
-
-/// What one step of progress on a socket came to.
-enum Step<T> {
-    /// Not ready yet; poll again.
-    Pending,
-    /// Finished, with a result.
-    Ready(T),
-}
-
 /// Connect this rank to every other rank of `opts.world` over TCP.
 ///
-/// Returns one link per peer, `None` at index `opts.rank`. Fails with
-/// [`Error::Timeout`] naming the ranks that never connected when `opts.timeout`
-/// passes, with [`Error::Config`] when no interface matches `opts.ifname`, and
+/// Returns one link per peer, `None` at index `opts.rank`. Fails when
+/// `opts.timeout` passes with [`Error::Timeout`] naming the ranks that never
+/// connected, or [`Error::Protocol`] naming one of them when a connection
+/// to or from it failed the job-key proof (different keys), with [`Error::Config`] when no interface matches `opts.ifname`, and
 /// with [`Error::Io`] when the listening socket cannot be made.
 pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<TcpLink>>> {
     if opts.world == 0 || opts.rank >= opts.world {
@@ -308,6 +221,16 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
         return Ok(links);
     }
 
+    if !opts.key.is_set() {
+        static UNKEYED: std::sync::Once = std::sync::Once::new();
+        UNKEYED.call_once(|| {
+            tracing::warn!(
+                rank,
+                "tcp mesh: no job key (BRAID_JOB_KEY) is set, so anyone who can reach this rank's port can \
+                 join the job; `braid run` sets one, or export the same secret on every rank"
+            )
+        });
+    }
     let local = ifaces::local_address(opts.ifname.as_deref(), opts.family)?;
     let listener = listen(local, world)?;
     let bound = listener
@@ -322,18 +245,11 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
     let mut outgoing: Vec<Outgoing> = (0..rank).map(|_| Outgoing::Idle(Instant::now())).collect();
     let mut backoff = vec![FIRST_BACKOFF; rank];
     let mut incoming: Vec<Incoming> = Vec::new();
-    // Ranks whose hello was accepted (linked, or ack in flight): a second claim is a duplicate.
+    // Ranks that proved the job key on an accepted connection: a second claim is a duplicate.
     let mut claimed = vec![false; world];
-    let hello_for = |to: usize| {
-        Handshake {
-            version: PROTOCOL_VERSION,
-            kind: KIND_HELLO,
-            comm_id: opts.comm_id,
-            from: rank as u32,
-            to: to as u32,
-        }
-        .encode()
-    };
+    // Per peer, the last failed job-key proof seen for it: a setup that times out
+    // says so instead of only naming the rank.
+    let mut key_failures: Vec<Option<String>> = vec![None; world];
 
     loop {
         // Outgoing: learn newly published addresses, start due connects, then push
@@ -342,7 +258,7 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
         for j in 0..rank {
             let Some(addr) = book.addrs[j] else { continue };
             let state = std::mem::replace(&mut outgoing[j], Outgoing::Done);
-            let failure = match drive_outgoing(state, addr, &hello_for(j), opts, j) {
+            let failure = match drive_outgoing(state, addr, opts, j) {
                 Ok(Progress::Waiting(s)) => {
                     outgoing[j] = s;
                     None
@@ -357,6 +273,9 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
                 Err(why) => Some(why),
             };
             if let Some(why) = failure {
+                if why.contains(KEY_NOT_PROVEN) {
+                    key_failures[j] = Some(why.clone());
+                }
                 outgoing[j] = retry_later(&mut backoff[j], j, addr, &why);
                 // The published address may be stale (a previous run's, in a reused
                 // store namespace): read it again before the next attempt.
@@ -364,8 +283,8 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
             }
         }
 
-        // Incoming: take every waiting connection, then read hellos and write acks.
-        accept_all(&listener, &mut incoming);
+        // Incoming: take every waiting connection, then move every handshake along.
+        accept_all(&listener, &mut incoming, rank);
         let mut i = 0;
         while i < incoming.len() {
             match drive_incoming(&mut incoming[i], opts, &mut claimed) {
@@ -381,12 +300,12 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
                     }
                 }
                 Err(why) => {
+                    // Strangers and garbage are routine on an open port: debug, not warn.
                     let inc = incoming.swap_remove(i);
-                    // A rank whose ack could not be sent may try again on a new connection.
-                    if let Some((from, _)) = inc.accepted {
-                        claimed[from] = false;
+                    tracing::debug!(rank, addr = %inc.addr, "tcp mesh: dropping connection: {why}");
+                    if let Some(from) = inc.claims().filter(|_| why.contains(KEY_NOT_PROVEN)) {
+                        key_failures[from] = Some(format!("{why} ({})", inc.addr));
                     }
-                    tracing::warn!(rank, addr = %inc.addr, "tcp mesh: dropping connection: {why}");
                 }
             }
         }
@@ -398,6 +317,16 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
         }
         if Instant::now() >= deadline {
             let waiting_on: Vec<usize> = (0..world).filter(|&j| opts.links_to(j) && links[j].is_none()).collect();
+            if let Some((peer, why)) = waiting_on.iter().find_map(|&j| key_failures[j].as_ref().map(|w| (j, w))) {
+                return Err(Error::Protocol {
+                    ctx: ctx(opts),
+                    peer,
+                    detail: format!(
+                        "no authenticated tcp link within {:?} (still waiting for rank(s) {waiting_on:?}): {why}",
+                        opts.timeout
+                    ),
+                });
+            }
             return Err(timeout(opts, waiting_on));
         }
         // Wake for the next store lookup or connect retry that is due (ranks whose
@@ -508,209 +437,6 @@ fn retry_later(backoff: &mut Duration, peer: usize, addr: SocketAddr, why: &str)
     let state = Outgoing::Idle(Instant::now() + *backoff);
     *backoff = (*backoff * 2).min(MAX_BACKOFF);
     state
-}
-
-/// Where the connection to a lower rank stands after [`drive_outgoing`].
-enum Progress {
-    /// Not finished: keep this state and come back after `poll`.
-    Waiting(Outgoing),
-    /// Handshake done: the socket is the link.
-    Connected(Socket),
-}
-
-/// Advance the connection to lower rank `peer` as far as it goes without blocking.
-/// `Err(reason)` means this attempt failed and a new one should start after a pause.
-fn drive_outgoing(
-    mut state: Outgoing,
-    addr: SocketAddr,
-    hello: &[u8; HANDSHAKE_LEN],
-    opts: &MeshOptions,
-    peer: usize,
-) -> std::result::Result<Progress, String> {
-    loop {
-        state = match state {
-            Outgoing::Idle(at) if Instant::now() < at => return Ok(Progress::Waiting(Outgoing::Idle(at))),
-            Outgoing::Idle(_) => {
-                let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-                    .and_then(|s| s.set_nonblocking(true).map(|_| s))
-                    .map_err(|e| format!("socket: {e}"))?;
-                match sock.connect(&SockAddr::from(addr)) {
-                    Ok(()) => Outgoing::SendingHello(sock, 0),
-                    Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => {
-                        Outgoing::Connecting(sock)
-                    }
-                    Err(e) => return Err(format!("connect: {e}")),
-                }
-            }
-            Outgoing::Connecting(sock) => {
-                if let Some(e) = sock.take_error().map_err(|e| e.to_string())? {
-                    return Err(format!("connect: {e}"));
-                }
-                match sock.peer_addr() {
-                    Ok(_) => Outgoing::SendingHello(sock, 0),
-                    Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-                        return Ok(Progress::Waiting(Outgoing::Connecting(sock)))
-                    }
-                    Err(e) => return Err(format!("connect: {e}")),
-                }
-            }
-            Outgoing::SendingHello(sock, sent) => {
-                match write_some(&sock, &hello[sent..]).map_err(|e| format!("sending hello: {e}"))? {
-                    Step::Pending => return Ok(Progress::Waiting(Outgoing::SendingHello(sock, sent))),
-                    Step::Ready(n) if sent + n == HANDSHAKE_LEN => Outgoing::AwaitingAck(sock, [0; HANDSHAKE_LEN], 0),
-                    Step::Ready(n) => Outgoing::SendingHello(sock, sent + n),
-                }
-            }
-            Outgoing::AwaitingAck(sock, mut buf, got) => {
-                match read_some(&sock, &mut buf[got..]).map_err(|e| format!("reading ack: {e}"))? {
-                    Step::Pending => return Ok(Progress::Waiting(Outgoing::AwaitingAck(sock, buf, got))),
-                    Step::Ready(n) if got + n < HANDSHAKE_LEN => Outgoing::AwaitingAck(sock, buf, got + n),
-                    Step::Ready(_) => {
-                        let ack = Handshake::decode(&buf, KIND_ACK, opts.comm_id, opts.rank)
-                            .map_err(|e| format!("bad ack: {e}"))?;
-                        if ack.from as usize != peer {
-                            return Err(format!("ack from rank {}, expected rank {peer}", ack.from));
-                        }
-                        return Ok(Progress::Connected(sock));
-                    }
-                }
-            }
-            Outgoing::Done => return Ok(Progress::Waiting(Outgoing::Done)),
-        };
-    }
-}
-
-/// Read and check the hello of an accepted connection, then write the ack.
-/// `Ready(rank)` when done; `Err(reason)` drops the connection.
-fn drive_incoming(
-    inc: &mut Incoming,
-    opts: &MeshOptions,
-    claimed: &mut [bool],
-) -> std::result::Result<Step<usize>, String> {
-    let (rank, world) = (opts.rank, opts.world);
-    while inc.got < HANDSHAKE_LEN {
-        // Read no further than the hello: whatever follows belongs to the link.
-        match read_some(&inc.sock, &mut inc.buf[inc.got..]).map_err(|e| format!("reading hello: {e}"))? {
-            Step::Pending => return Ok(Step::Pending),
-            Step::Ready(n) => inc.got += n,
-        }
-        // Garbage is refused as soon as its first bytes show it, not at the deadline.
-        let seen = inc.got.min(MAGIC.len());
-        if inc.buf[..seen] != MAGIC[..seen] {
-            return Err("not a braid peer (bad magic)".into());
-        }
-    }
-    let (from, mut sent) = match inc.accepted {
-        Some(a) => a,
-        None => {
-            let h = Handshake::decode(&inc.buf, KIND_HELLO, opts.comm_id, rank)?;
-            let from = h.from as usize;
-            if from <= rank || from >= world {
-                return Err(format!(
-                    "hello from rank {from}, but rank {rank} of {world} accepts only ranks {}..{world}",
-                    rank + 1
-                ));
-            }
-            if !opts.links_to(from) {
-                return Err(format!("hello from rank {from}, which rank {rank} does not link with over tcp"));
-            }
-            if claimed[from] {
-                return Err(format!("duplicate connection claiming rank {from}"));
-            }
-            claimed[from] = true;
-            // Recorded before any ack byte goes out, so a failed ack releases the claim.
-            inc.accepted = Some((from, 0));
-            (from, 0)
-        }
-    };
-    let ack = Handshake {
-        version: PROTOCOL_VERSION,
-        kind: KIND_ACK,
-        comm_id: opts.comm_id,
-        from: rank as u32,
-        to: from as u32,
-    }
-    .encode();
-    while sent < HANDSHAKE_LEN {
-        match write_some(&inc.sock, &ack[sent..]).map_err(|e| format!("sending ack: {e}"))? {
-            Step::Pending => {
-                inc.accepted = Some((from, sent));
-                return Ok(Step::Pending);
-            }
-            Step::Ready(n) => sent += n,
-        }
-    }
-    Ok(Step::Ready(from))
-}
-
-fn accept_all(listener: &Socket, incoming: &mut Vec<Incoming>) {
-    loop {
-        match listener.accept() {
-            Ok((sock, addr)) => {
-                let addr = addr.as_socket().map_or_else(|| "?".to_owned(), |a| a.to_string());
-                if let Err(e) = sock.set_nonblocking(true) {
-                    tracing::warn!(%addr, "tcp mesh: dropping connection: {e}");
-                    continue;
-                }
-                incoming.push(Incoming { sock, addr, buf: [0; HANDSHAKE_LEN], got: 0, accepted: None });
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            // WouldBlock: none left. Anything else (EMFILE, ECONNABORTED) is transient
-            // or will show at the deadline; the poll loop comes back.
-            Err(e) => {
-                if e.kind() != io::ErrorKind::WouldBlock {
-                    tracing::debug!("tcp mesh: accept: {e}");
-                }
-                return;
-            }
-        }
-    }
-}
-
-fn write_some(sock: &Socket, buf: &[u8]) -> io::Result<Step<usize>> {
-    loop {
-        match sock.send_with_flags(buf, libc::MSG_NOSIGNAL) {
-            Ok(n) => return Ok(Step::Ready(n)),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Pending),
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-fn read_some(mut sock: &Socket, buf: &mut [u8]) -> io::Result<Step<usize>> {
-    loop {
-        match sock.read(buf) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed")),
-            Ok(n) => return Ok(Step::Ready(n)),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Pending),
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Sleep in `poll` until some socket of the setup can move, or until `wake`.
-fn wait_for_progress(listener: &Socket, outgoing: &[Outgoing], incoming: &[Incoming], wake: Instant) {
-    let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-    for o in outgoing {
-        match o {
-            Outgoing::Idle(_) | Outgoing::Done => {}
-            Outgoing::Connecting(s) | Outgoing::SendingHello(s, _) => {
-                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLOUT))
-            }
-            Outgoing::AwaitingAck(s, ..) => fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN)),
-        }
-    }
-    for i in incoming {
-        let ev = if i.accepted.is_some() { PollFlags::POLLOUT } else { PollFlags::POLLIN };
-        fds.push(PollFd::new(i.sock.as_fd(), ev));
-    }
-    // Round up so a sub-millisecond remainder does not spin.
-    let ms = wake.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000);
-    let timeout = PollTimeout::try_from(ms.min(60_000) as u64).unwrap_or(PollTimeout::MAX);
-    // EINTR or any poll error: the caller loops and re-checks everything.
-    let _ = nix::poll::poll(&mut fds, timeout);
 }
 
 #[cfg(test)]

@@ -1,4 +1,9 @@
 //! `braid run`: start local ranks, prefix their output, stop them all when one fails.
+//!
+//! The ranks meet through a TCP store this launcher hosts. It serves only
+//! clients proving the job key, which every rank gets in `BRAID_JOB_KEY`: the
+//! one in the launcher's own environment when set (so ranks started elsewhere
+//! can join), a fresh random one otherwise.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
@@ -6,6 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
+use braid::auth::JobKey;
 use braid::bootstrap::TcpStoreServer;
 use clap::Args;
 
@@ -85,7 +91,11 @@ pub fn launch(l: Launch) -> i32 {
         eprintln!("braid run: --ranks must be at least 1");
         return 2;
     }
-    let server = match TcpStoreServer::bind("127.0.0.1:0") {
+    let key_text = match std::env::var("BRAID_JOB_KEY") {
+        Ok(k) if !k.is_empty() => k,
+        _ => JobKey::generate_text(),
+    };
+    let server = match TcpStoreServer::bind("127.0.0.1:0", JobKey::from_text(&key_text)) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("braid run: cannot host the store: {e}");
@@ -103,6 +113,7 @@ pub fn launch(l: Launch) -> i32 {
             .env("BRAID_LOCAL_RANK", rank.to_string())
             .env("BRAID_LOCAL_WORLD_SIZE", l.ranks.to_string())
             .env("BRAID_STORE", &store)
+            .env("BRAID_JOB_KEY", &key_text)
             .envs(l.extra_env.iter().map(|(k, v)| (k, v)))
             // Own process group: stopping a rank stops everything it started, so
             // no grandchild keeps the output pipes (and this launcher) alive.

@@ -7,6 +7,9 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::os::fd::BorrowedFd;
 
+use crate::auth::{Challenge, CHALLENGE_LEN};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
 type Mesh = Result<Vec<Option<TcpLink>>>;
 
 fn opts(rank: usize, world: usize, prefix: &str) -> MeshOptions {
@@ -295,66 +298,173 @@ fn closed_without_reply(mut s: TcpStream) -> bool {
     }
 }
 
-fn hello(comm_id: u64, from: u32, to: u32) -> [u8; HANDSHAKE_LEN] {
-    Handshake { version: PROTOCOL_VERSION, kind: KIND_HELLO, comm_id, from, to }.encode()
+fn hello(comm_id: u64, from: u32, to: u32) -> [u8; HELLO_LEN] {
+    encode_hello(comm_id, from as usize, to as usize, &crate::auth::challenge())
+}
+
+const KEY: &str = "tcp-test-job-key";
+
+/// Test options with the job key `KEY`.
+fn keyed(rank: usize, world: usize, prefix: &str) -> MeshOptions {
+    let mut o = opts(rank, world, prefix);
+    o.key = JobKey::from_text(KEY);
+    o
+}
+
+/// The listening address rank `rank` publishes under `prefix`.
+fn published(store: &MemStore, prefix: &str, rank: usize) -> SocketAddr {
+    let raw = store.wait_get(&address_key(prefix, rank), Duration::from_secs(10)).unwrap();
+    String::from_utf8(raw).unwrap().parse().unwrap()
+}
+
+/// Play the connector `from` by hand against the acceptor `to` at `addr`, proving
+/// `key`: hello, ack (verified when `check_ack`), proof. Returns the stream and
+/// whether the acceptor's ack proved the same key.
+fn connect_as(addr: SocketAddr, key: &JobKey, comm: u64, from: usize, to: usize) -> (TcpStream, bool) {
+    let ours = crate::auth::challenge();
+    let mut s = stranger(addr, &encode_hello(comm, from, to, &ours));
+    let mut ack = [0u8; ACK_LEN];
+    s.read_exact(&mut ack).unwrap();
+    let verified = decode_ack(&ack, key, comm, from, to, &ours);
+    // Without the key there is no way to check the ack: answer anyway, as an impostor would.
+    let theirs: Challenge = ack[HEADER_LEN..HEADER_LEN + CHALLENGE_LEN].try_into().unwrap();
+    s.write_all(&encode_proof(key, comm, from, to, &ours, &theirs)).unwrap();
+    (s, verified.is_ok())
 }
 
 #[test]
 fn strangers_are_dropped_and_the_mesh_still_forms() {
     let store = MemStore::new();
-    let o = |r| opts(r, 2, "strangers");
+    let o = |r| keyed(r, 2, "strangers");
     std::thread::scope(|s| {
         let r0 = s.spawn(|| connect_mesh(&o(0), &store));
-        let addr: SocketAddr = String::from_utf8(store.wait_get("strangers/tcp/0", Duration::from_secs(10)).unwrap())
-            .unwrap()
-            .parse()
-            .unwrap();
+        let addr = published(&store, "strangers", 0);
         let comm = o(0).comm_id;
         // One that connects and says nothing must not hold up the others.
         let _silent = TcpStream::connect(addr).unwrap();
         let bad = [
             stranger(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
-            stranger(addr, &hello(comm + 1, 1, 0)),    // another communicator
-            stranger(addr, &hello(comm, 5, 0)),        // rank out of range
-            stranger(addr, &hello(comm, 1, 1)),        // addressed to another rank
-            stranger(addr, &[0u8; HANDSHAKE_LEN - 1]), // short garbage, then silence
+            stranger(addr, &hello(comm + 1, 1, 0)), // another communicator
+            stranger(addr, &hello(comm, 5, 0)),     // rank out of range
+            stranger(addr, &hello(comm, 1, 1)),     // addressed to another rank
+            stranger(addr, &[0u8; HELLO_LEN - 1]),  // short garbage, then silence
         ];
-        let mut v2 = hello(comm, 1, 0);
-        v2[8] = 2; // protocol version 2
-        let bad_version = stranger(addr, &v2);
+        // A version-1 peer (the 32-byte hello of the unauthenticated protocol) is
+        // refused as soon as its header is in, though its hello is short.
+        let mut v1 = hello(comm, 1, 0);
+        v1[8] = 1;
+        let old_version = stranger(addr, &v1[..HEADER_LEN]);
+        assert!(closed_without_reply(old_version), "a version-1 hello was not dropped at once");
         let r1 = s.spawn(|| connect_mesh(&o(1), &store));
         let (m0, m1) = (r0.join().unwrap().unwrap(), r1.join().unwrap().unwrap());
         assert_eq!(m0[1].as_ref().unwrap().peer(), 1);
         assert_eq!(m1[0].as_ref().unwrap().peer(), 0);
-        for (i, b) in bad.into_iter().chain([bad_version]).enumerate() {
+        for (i, b) in bad.into_iter().enumerate() {
             assert!(closed_without_reply(b), "stranger {i} was not dropped");
         }
     });
 }
 
 #[test]
-fn duplicate_rank_is_refused() {
-    // Play ranks 1 and 2 by hand against a real rank 0 of 3.
+fn random_bytes_during_setup_are_dropped_and_the_mesh_forms() {
     let store = MemStore::new();
-    let o = opts(0, 3, "dup");
+    let o = |r| keyed(r, 3, "noise");
+    std::thread::scope(|s| {
+        let r0 = s.spawn(|| connect_mesh(&o(0), &store));
+        let addr = published(&store, "noise", 0);
+        let mut noise = Vec::new();
+        for i in 0..24u64 {
+            let mut bytes = pattern(i + 100, 1 + (i as usize * 37) % 300);
+            if i % 2 == 0 {
+                // Past the magic check, so the header and the proof checks are what refuse it.
+                bytes.splice(0..0, MAGIC);
+            }
+            noise.push(stranger(addr, &bytes));
+        }
+        let r1 = s.spawn(|| connect_mesh(&o(1), &store));
+        let r2 = s.spawn(|| connect_mesh(&o(2), &store));
+        let meshes = [r0, r1, r2].map(|h| h.join().unwrap().unwrap());
+        for (rank, m) in meshes.iter().enumerate() {
+            for (j, l) in m.iter().enumerate() {
+                assert_eq!(l.as_ref().map(|l| l.peer()), (j != rank).then_some(j), "rank {rank} slot {j}");
+            }
+        }
+        // The links are the real ranks: bytes cross between every pair.
+        let [mut m0, mut m1, _] = meshes;
+        send_all(m1[0].as_mut().unwrap(), b"from 1");
+        assert_eq!(recv_exact(m0[1].as_mut().unwrap(), 6), b"from 1");
+        for (i, n) in noise.into_iter().enumerate() {
+            assert!(closed_without_reply(n), "noise connection {i} got a reply or stayed open");
+        }
+    });
+}
+
+#[test]
+fn an_impostor_without_the_key_cannot_take_a_ranks_place() {
+    // A real rank 0 of 3; ranks 1 and 2 played by hand.
+    let store = MemStore::new();
+    let o = keyed(0, 3, "dup");
+    let key = o.key.clone();
     std::thread::scope(|s| {
         let r0 = s.spawn(|| connect_mesh(&o, &store));
-        let addr: SocketAddr =
-            String::from_utf8(store.wait_get("dup/tcp/0", Duration::from_secs(10)).unwrap()).unwrap().parse().unwrap();
-        let mut first = stranger(addr, &hello(o.comm_id, 1, 0));
-        let mut ack = [0u8; HANDSHAKE_LEN];
-        first.read_exact(&mut ack).unwrap();
-        assert_eq!(Handshake::decode(&ack, KIND_ACK, o.comm_id, 1).unwrap().from, 0);
+        let addr = published(&store, "dup", 0);
+        // Impostors claim rank 1 first: one answers with a proof under a guessed
+        // key, one under no key, one stops after its hello.
+        let (guessed, ack_ok) = connect_as(addr, &JobKey::from_text("guess"), o.comm_id, 1, 0);
+        assert!(!ack_ok, "an ack verified under the wrong key");
+        let (keyless, _) = connect_as(addr, &JobKey::none(), o.comm_id, 1, 0);
+        let mut silent = stranger(addr, &hello(o.comm_id, 1, 0));
+        silent.read_exact(&mut [0u8; ACK_LEN]).unwrap();
+        // They were refused, and the rank stayed free for its real owner.
+        assert!(closed_without_reply(guessed), "an impostor with a guessed key was kept");
+        assert!(closed_without_reply(keyless), "an impostor without a key was kept");
+        let (mut real1, ack_ok) = connect_as(addr, &key, o.comm_id, 1, 0);
+        assert!(ack_ok, "rank 0's ack did not prove the job key");
+        // A second proven claim of rank 1 is a duplicate: refused before any ack.
         assert!(closed_without_reply(stranger(addr, &hello(o.comm_id, 1, 0))), "duplicate rank 1 accepted");
-        let mut third = stranger(addr, &hello(o.comm_id, 2, 0));
-        third.read_exact(&mut ack).unwrap();
+        let (_real2, ack_ok) = connect_as(addr, &key, o.comm_id, 2, 0);
+        assert!(ack_ok);
         let links = r0.join().unwrap().unwrap();
         assert!(links[1].is_some() && links[2].is_some());
-        // The link from the first claimant is live: bytes flow both ways.
-        first.write_all(b"ping").unwrap();
+        // The link of rank 1 is the real one: its bytes arrive there.
+        real1.write_all(b"ping").unwrap();
         let mut l1 = links.into_iter().nth(1).unwrap().unwrap();
         assert_eq!(recv_exact(&mut l1, 4), b"ping");
+        send_all(&mut l1, b"pong");
+        let mut back = [0u8; 4];
+        real1.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"pong");
+        // The silent impostor got nothing more and is closed with the setup.
+        assert!(closed_without_reply(silent));
     });
+}
+
+#[test]
+fn ranks_with_different_keys_fail_naming_the_key_and_the_peer() {
+    for (k0, k1) in [(JobKey::from_text("key-a"), JobKey::from_text("key-b")), (JobKey::from_text("k"), JobKey::none())]
+    {
+        let store = MemStore::new();
+        let errs = run_ranks(
+            &store,
+            &[0, 1],
+            |r| {
+                let mut o = opts(r, 2, "wrongkey");
+                o.timeout = Duration::from_millis(1500);
+                o.key = if r == 0 { k0.clone() } else { k1.clone() };
+                o
+            },
+            |_, mesh| mesh.unwrap_err(),
+        );
+        for (rank, e) in errs.iter().enumerate() {
+            match e {
+                Error::Protocol { ctx, peer, detail } => {
+                    assert_eq!((ctx.rank, *peer), (rank, 1 - rank), "{e}");
+                    assert!(detail.contains("job key") && detail.contains("BRAID_JOB_KEY"), "rank {rank}: {e}");
+                }
+                other => panic!("rank {rank}: expected a job-key error, got {other}"),
+            }
+        }
+    }
 }
 
 #[test]
@@ -475,17 +585,77 @@ fn bad_interface_spec_is_a_config_error() {
 #[test]
 fn handshake_checks_every_field() {
     let good = hello(9, 3, 1);
+    let (from, ch) = decode_hello(&good, 9, 1).unwrap();
+    assert_eq!((from, &ch[..]), (3, &good[HEADER_LEN..]));
     assert_eq!(
-        Handshake::decode(&good, KIND_HELLO, 9, 1).unwrap(),
-        Handshake { version: PROTOCOL_VERSION, kind: KIND_HELLO, comm_id: 9, from: 3, to: 1 }
+        Header::decode(&good, KIND_HELLO, 9, 1).unwrap(),
+        Header { version: PROTOCOL_VERSION, kind: KIND_HELLO, comm_id: 9, from: 3, to: 1 }
     );
     let mut bad_magic = good;
     bad_magic[0] ^= 1;
-    assert!(Handshake::decode(&bad_magic, KIND_HELLO, 9, 1).unwrap_err().contains("magic"));
-    assert!(Handshake::decode(&good, KIND_ACK, 9, 1).unwrap_err().contains("kind"));
-    assert!(Handshake::decode(&good, KIND_HELLO, 8, 1).unwrap_err().contains("communicator"));
-    assert!(Handshake::decode(&good, KIND_HELLO, 9, 2).unwrap_err().contains("addressed to rank 1"));
+    assert!(decode_hello(&bad_magic, 9, 1).unwrap_err().contains("magic"));
+    assert!(Header::decode(&good, KIND_ACK, 9, 1).unwrap_err().contains("kind"));
+    assert!(decode_hello(&good, 8, 1).unwrap_err().contains("communicator"));
+    assert!(decode_hello(&good, 9, 2).unwrap_err().contains("addressed to rank 1"));
+    assert!(decode_hello(&good[..HELLO_LEN - 1], 9, 1).unwrap_err().contains("bytes"));
     let mut v = good;
     v[8..12].copy_from_slice(&7u32.to_le_bytes());
-    assert!(Handshake::decode(&v, KIND_HELLO, 9, 1).unwrap_err().contains("version 7"));
+    assert!(decode_hello(&v, 9, 1).unwrap_err().contains("version 7"));
+}
+
+#[test]
+fn ack_and_proof_verify_only_under_the_key_and_for_their_link() {
+    let key = JobKey::from_text("k");
+    let (c, a) = (crate::auth::challenge(), crate::auth::challenge());
+    // Rank 2 connects to rank 0 of communicator 5.
+    let ack = encode_ack(&key, 5, 0, 2, &a, &c);
+    assert_eq!(decode_ack(&ack, &key, 5, 2, 0, &c).unwrap(), a);
+    let proof = encode_proof(&key, 5, 2, 0, &c, &a);
+    decode_proof(&proof, &key, 5, 2, 0, &a, &c).unwrap();
+    let wrong = JobKey::from_text("j");
+    assert!(decode_ack(&ack, &wrong, 5, 2, 0, &c).unwrap_err().contains(KEY_NOT_PROVEN));
+    assert!(decode_proof(&proof, &wrong, 5, 2, 0, &a, &c).unwrap_err().contains(KEY_NOT_PROVEN));
+    // Another challenge (a replay), or the ack's proof passed off as the connector's.
+    assert!(decode_ack(&ack, &key, 5, 2, 0, &crate::auth::challenge()).is_err());
+    let mut reflected = proof;
+    reflected[HEADER_LEN..].copy_from_slice(&ack[HEADER_LEN + CHALLENGE_LEN..]);
+    assert!(decode_proof(&reflected, &key, 5, 2, 0, &a, &c).is_err());
+    // A proof made for the link 1 -> 0 does not open the link 2 -> 0.
+    let for_rank1 = encode_proof(&key, 5, 1, 0, &c, &a);
+    let mut relabelled = for_rank1;
+    relabelled[24..28].copy_from_slice(&2u32.to_le_bytes());
+    assert!(decode_proof(&relabelled, &key, 5, 2, 0, &a, &c).unwrap_err().contains(KEY_NOT_PROVEN));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 2000, ..Default::default() })]
+
+    /// Arbitrary bytes never panic a decoder and never pass as an ack or a proof;
+    /// neither does a valid message with any one byte changed.
+    #[test]
+    fn handshake_decoders_reject_arbitrary_bytes(
+        bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+        with_header in proptest::prelude::any::<bool>(),
+        flip_at in 0usize..ACK_LEN,
+        flip in 1u8..=255,
+    ) {
+        let key = JobKey::from_text("k");
+        let (c, a) = (crate::auth::challenge(), crate::auth::challenge());
+        let mut bytes = bytes;
+        if with_header && bytes.len() >= HEADER_LEN {
+            // A well-formed header in front, so the proof check is what must refuse it.
+            let kind = if bytes.len() % 2 == 0 { KIND_ACK } else { KIND_PROOF };
+            Header::new(kind, 5, 0, 2).put(&mut bytes[..HEADER_LEN]);
+        }
+        let _ = Header::decode(&bytes, KIND_HELLO, 5, 0);
+        let _ = decode_hello(&bytes, 5, 0);
+        proptest::prop_assert!(decode_ack(&bytes, &key, 5, 2, 0, &c).is_err());
+        proptest::prop_assert!(decode_proof(&bytes, &key, 5, 2, 0, &a, &c).is_err());
+        let mut ack = encode_ack(&key, 5, 0, 2, &a, &c);
+        ack[flip_at] ^= flip;
+        proptest::prop_assert!(decode_ack(&ack, &key, 5, 2, 0, &c).is_err());
+        let mut proof = encode_proof(&key, 5, 2, 0, &c, &a);
+        proof[flip_at % PROOF_MSG_LEN] ^= flip;
+        proptest::prop_assert!(decode_proof(&proof, &key, 5, 2, 0, &a, &c).is_err());
+    }
 }
