@@ -5,6 +5,18 @@
 //! each call takes a ticket when issued and runs when its turn comes, so async
 //! work overlaps the caller's computation without reordering the collectives that
 //! every rank must issue in the same order.
+//!
+//! Communicators coexist: each has its own id (a hash of its store namespace and a
+//! nonce rank 0 draws), carried and checked in every frame, so several can share a
+//! store and a process, one after another or at once (see [`CommunicatorBuilder`]
+//! for the store keys), and [`Communicator::split`] makes sub-communicators with
+//! their own ids and links. [`Communicator::abort`] stops every pending and later
+//! call on any thread; a call that panics passes its turn on and leaves the
+//! communicator broken, so no later call waits for it.
+//!
+//! Files: `mod.rs` the public API; `calls.rs` argument checks and buffer layout;
+//! `turn.rs` issue-order ticketing and abort; `engine.rs` running one call on the
+//! links; `builder.rs` building over a store; `split.rs` sub-communicators.
 
 mod builder;
 mod calls;
