@@ -194,3 +194,69 @@ fn a_panic_inside_a_call_is_an_error_for_the_next_calls_not_a_hang() {
     assert!(matches!(&e, Error::Broken(why) if why.contains("panicked")), "{e}");
     assert!(t.elapsed() < BOUND, "{:?}", t.elapsed());
 }
+
+/// Run `f` on a thread; None when it has not returned within `limit` (a hang).
+fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+#[test]
+fn an_async_call_refused_for_its_arguments_does_not_stall_later_calls() {
+    let cs = comms(Net::InProc, 2, Duration::from_secs(20));
+    let out = within(Duration::from_secs(10), move || {
+        on_ranks(cs, |c| {
+            // 3 elements do not split into 2 blocks: refused before it reaches the links.
+            let e = c.all_gather_async(vec![1i32; 3]).wait().unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            c.barrier().is_ok()
+        })
+    });
+    assert_eq!(out.expect("later calls must not hang"), vec![true, true]);
+}
+
+#[test]
+fn a_count_whose_byte_size_overflows_is_refused_and_later_calls_run() {
+    let cs = comms(Net::InProc, 2, Duration::from_secs(20));
+    let out = within(Duration::from_secs(10), move || {
+        on_ranks(cs, |c| {
+            let huge = braid::CallSig::new(braid::OpKind::AllGather, braid::DType::F32, 1 << 62, 0, ReduceOp::Sum);
+            let e = c.collective_bytes(huge, Some(&[]), &mut []).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            let mut v = vec![c.rank() as i64; 4];
+            c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            v
+        })
+    });
+    assert_eq!(out.expect("later calls must not hang"), vec![vec![1i64; 4]; 2]);
+}
+
+#[test]
+fn a_panic_inside_an_async_call_fails_it_and_the_calls_queued_behind_it() {
+    let (mine, _theirs) = LoopbackLink::pair(0, 1, 1 << 16);
+    let entered = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(AtomicBool::new(false));
+    let link = PanickingLink { inner: mine, entered: entered.clone(), release: release.clone() };
+    let links: Vec<Option<Box<dyn Link>>> = vec![None, Some(Box::new(link))];
+    let cfg = Config::new(0, 2);
+    let comm = Communicator::from_links(0, 2, links, 9, &cfg, braid::executor::WaitPolicy::for_ranks(2));
+    let out = within(Duration::from_secs(10), move || {
+        let first = comm.all_reduce_async(vec![1.0f32; 8], ReduceOp::Sum);
+        while !entered.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let second = comm.barrier_async();
+        release.store(true, Ordering::SeqCst);
+        let e1 = first.wait().unwrap_err().to_string();
+        let e2 = second.wait().unwrap_err().to_string();
+        let e3 = comm.barrier().unwrap_err().to_string();
+        (e1, e2, e3)
+    });
+    let (e1, e2, e3) = out.expect("no call may wait for the one that panicked");
+    for e in [&e1, &e2, &e3] {
+        assert!(e.contains("link to rank 1 exploded"), "{e}");
+    }
+}

@@ -49,6 +49,11 @@ impl Core {
             self.check_rank("root", sig.root as usize)?;
         }
         let count = usize::try_from(sig.count).map_err(|_| self.arg("count too large".into()))?;
+        // Every byte size below (count x element x world) must fit: a wrapped size
+        // would let a huge count pass for a small buffer.
+        if count.checked_mul(sig.dtype.size()).and_then(|b| b.checked_mul(self.world)).is_none() {
+            return Err(self.arg(format!("{sig}: {count} elements are more bytes than this machine can address")));
+        }
         let req = PlanRequest {
             op: sig.op,
             rank: self.rank,
@@ -117,9 +122,9 @@ impl Core {
             let copy = output.to_vec();
             return self.collective_at(ticket, sig, Some(&copy), output);
         }
-        let prepared = self.prepare(sig, input, output);
+        // Checked in turn, so that whatever happens there the ticket is used.
         self.shared.in_turn(ticket, Some(sig), |e| {
-            let p = prepared?;
+            let p = self.prepare(sig, input, output)?;
             e.collective(p.sig, p.input, p.input_len, p.output, p.output_len)
         })
     }

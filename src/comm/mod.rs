@@ -327,7 +327,14 @@ impl Communicator {
         let ticket = self.core.shared.take_ticket();
         let core = self.core.clone();
         let boxed: Job = Box::new(move || {
-            let _ = tx.send(job(&core, ticket));
+            // A panic stays in its call (the turn has passed on and the engine is
+            // broken): the worker must live on to run the jobs queued behind it,
+            // whose tickets later calls wait for.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&core, ticket)));
+            let _ = tx.send(r.unwrap_or_else(|_| {
+                let why = core.shared.lock_engine().broken.clone();
+                Err(Error::Broken(why.unwrap_or_else(|| format!("rank {}: an async call panicked", core.rank))))
+            }));
         });
         let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
         if w.is_none() {
@@ -356,7 +363,12 @@ impl Communicator {
     fn typed_async<T: Element>(&self, op: OpKind, rop: ReduceOp, root: usize, mut buf: Vec<T>) -> Work<Vec<T>> {
         self.spawn(move |core, t| {
             let count = match op {
-                OpKind::AllGather | OpKind::ReduceScatter => core.block(buf.len())?,
+                OpKind::AllGather | OpKind::ReduceScatter => match core.block(buf.len()) {
+                    Ok(c) => c,
+                    // The ticket is taken: it must pass through its turn, or every
+                    // later call would wait for it.
+                    Err(e) => return core.shared.in_turn(t, None, |_| Err(e)),
+                },
                 _ => buf.len(),
             };
             let sig = CallSig::new(op, T::DTYPE, count as u64, root as u32, rop);
