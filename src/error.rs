@@ -115,9 +115,26 @@ pub enum Error {
     #[error("communicator is broken by an earlier error: {0}")]
     Broken(String),
 
+    /// This rank's communicator was aborted ([`crate::Communicator::abort`]): the
+    /// call was cut short or never ran, and so will every later call.
+    #[error("rank {rank}: {}: the communicator was aborted on this rank", describe_call(.call))]
+    Aborted {
+        /// The rank whose communicator was aborted.
+        rank: usize,
+        /// The call that was cut short or refused (None: no call, e.g. the abort itself).
+        call: Option<CallSig>,
+    },
+
     /// The operation or transport is not available in this build or on this machine.
     #[error("unsupported: {0}")]
     Unsupported(String),
+}
+
+fn describe_call(call: &Option<CallSig>) -> String {
+    match call {
+        Some(c) => c.to_string(),
+        None => "abort".to_string(),
+    }
 }
 
 impl Error {

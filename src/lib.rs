@@ -7,7 +7,8 @@
 //! `sum prod min max avg`.
 //!
 //! ```text
-//!   comm        Communicator: the collective API, async work handles, deadlines
+//!   comm        Communicator: the collective API, async work handles, deadlines,
+//!               split, abort
 //!     │
 //!   algorithm/  pure planners: plan(op, rank, world, count) -> Schedule  (no I/O, no clock)
 //!     │

@@ -27,6 +27,8 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{BufId, Region, Schedule, Step};
@@ -226,6 +228,9 @@ pub struct CallInfo {
     pub timeout: Duration,
     /// How to wait.
     pub wait: WaitPolicy,
+    /// Set from another thread to abort the call: checked once per pass of the
+    /// transfer loop, which then returns [`Error::Aborted`].
+    pub aborted: Arc<AtomicBool>,
 }
 
 struct OutMsg {
@@ -498,6 +503,11 @@ fn run_transfers(channels: &mut [Option<Channel>], queues: &mut Queues, call: &C
     let mut last_progress: Option<Instant> = None;
     let mut sleep = Duration::from_micros(5);
     loop {
+        // A plain load: this is the hot loop. Every wait below is bounded (100 ms
+        // in poll, 1 ms asleep), so an abort is seen well within a second.
+        if call.aborted.load(Ordering::Relaxed) {
+            return Err(Error::Aborted { rank: call.ctx.rank, call: Some(call.sig) });
+        }
         let mut progressed = false;
         let mut pending = false;
         for peer in 0..channels.len() {

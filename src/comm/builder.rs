@@ -1,0 +1,329 @@
+//! Building a communicator over a store: its name, id, rank claims and links.
+//!
+//! # Store keys
+//!
+//! A communicator lives under a prefix of the store:
+//! - `braid/{name}` when the builder was given [`CommunicatorBuilder::name`];
+//! - `braid/comm{k}` otherwise, where `k` counts the communicators this rank has
+//!   built on the same store before (the same `Arc<dyn Store>` object, or the same
+//!   store URL). Creating a communicator is collective, so every rank creates them
+//!   in the same order and the k-th gets the same prefix everywhere (torch's group
+//!   counter follows the same rule). Communicators that only some ranks of a store
+//!   create must be named.
+//! - a sub-communicator of [`crate::Communicator::split`] lives under
+//!   `{parent prefix}/split{n}/c{color}`, `n` counting the parent's splits.
+//!
+//! Under the prefix:
+//! - `claim/{rank}`: each rank adds 1 and must see 1. A second claim of a rank
+//!   means another job uses the same store: it fails at once, and a rank whose
+//!   claim was taken again fails when its set-up ends.
+//! - `nonce`: 16 random bytes (hex) drawn by rank 0 after its claim. The
+//!   communicator id carried by every frame is a hash of prefix and nonce, so a
+//!   new job on an old store, or a second communicator, never shares an id.
+//! - `topo/…`, `shm/…`, `mesh/…`: topology probe and link endpoints.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use super::{Communicator, Origin, StoreOrigin};
+use crate::algorithm::Algorithm;
+use crate::bootstrap::{connect_store, PrefixStore, Store};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::executor::WaitPolicy;
+use crate::topology;
+use crate::transport::shm::{self, connect_shm, ShmOptions};
+use crate::transport::tcp::{connect_mesh, MeshOptions};
+use crate::transport::{Link, TransportKind};
+
+/// Bytes of the per-communicator nonce.
+const NONCE_LEN: usize = 16;
+
+/// Builds a [`Communicator`] from explicit settings (see [`Config`] for the knobs).
+pub struct CommunicatorBuilder {
+    config: Config,
+    store: Option<Arc<dyn Store>>,
+    name: Option<String>,
+}
+
+impl CommunicatorBuilder {
+    /// Start from a configuration (e.g. `Config::from_env()?`).
+    pub fn from_config(config: Config) -> CommunicatorBuilder {
+        CommunicatorBuilder { config, store: None, name: None }
+    }
+    /// Use this store for rendezvous instead of `config.store`.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+    /// Store URL (`tcp://HOST:PORT`, `file:///PATH`).
+    pub fn store_url(mut self, url: impl Into<String>) -> Self {
+        self.config.store = Some(url.into());
+        self
+    }
+    /// Name the communicator: its store keys go under `braid/{name}` instead of the
+    /// counted default `braid/comm{k}`. Every rank must pass the same name; needed
+    /// when only some of a store's ranks create the communicator.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+    /// Deadline of every blocking wait.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.config.timeout = t;
+        self
+    }
+    /// Force an algorithm (None for automatic choice).
+    pub fn algorithm(mut self, a: Option<Algorithm>) -> Self {
+        self.config.algorithm = a;
+        self
+    }
+    /// Restrict the transports peers may use (e.g. `[TransportKind::Tcp]`).
+    pub fn transports(mut self, allowed: Vec<TransportKind>) -> Self {
+        self.config.transports = Some(allowed);
+        self
+    }
+    /// TCP interface filter (NCCL syntax).
+    pub fn socket_ifname(mut self, spec: impl Into<String>) -> Self {
+        self.config.socket_ifname = Some(spec.into());
+        self
+    }
+
+    /// Connect to every peer and return the communicator.
+    pub fn build(self) -> Result<Communicator> {
+        let cfg = self.config;
+        if cfg.world_size == 0 || cfg.rank >= cfg.world_size {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is not below world size {}",
+                cfg.rank, cfg.world_size
+            )));
+        }
+        let (store, ident) = match self.store {
+            Some(s) => {
+                let ident = StoreIdent::Object(Arc::downgrade(&s));
+                (s, ident)
+            }
+            None => {
+                let url = cfg.store.as_deref().ok_or_else(|| {
+                    Error::Config(
+                        "no store: set BRAID_STORE (tcp://HOST:PORT or file:///PATH) or pass one to the builder".into(),
+                    )
+                })?;
+                let ident = StoreIdent::Url(url.to_string());
+                (connect_store(url, cfg.rank == 0, cfg.job_key.clone(), cfg.timeout)?, ident)
+            }
+        };
+        let prefix = match self.name {
+            Some(n) if n.is_empty() => return Err(Error::InvalidArgument("communicator name is empty".into())),
+            Some(n) => format!("braid/{n}"),
+            None => format!("braid/comm{}", next_index(&ident, cfg.rank)),
+        };
+        connect(cfg, store, prefix, ident.label())
+    }
+}
+
+/// Which store a rank's communicator counter belongs to.
+enum StoreIdent {
+    /// A store object passed to the builder (ranks that are threads share one).
+    Object(Weak<dyn Store>),
+    /// A store named by URL (each build connects a new client).
+    Url(String),
+}
+
+impl StoreIdent {
+    fn label(&self) -> String {
+        match self {
+            StoreIdent::Object(w) => format!("{:p} (passed to the builder)", w.as_ptr() as *const ()),
+            StoreIdent::Url(u) => u.clone(),
+        }
+    }
+}
+
+/// One rank's count of communicators built on one store.
+struct Counter {
+    /// The store object it counts for; a dead one means the address was reused.
+    object: Option<Weak<dyn Store>>,
+    next: u64,
+}
+
+/// The index of the next default-named communicator of `rank` on this store.
+fn next_index(ident: &StoreIdent, rank: usize) -> u64 {
+    static COUNTERS: OnceLock<Mutex<HashMap<(String, usize), Counter>>> = OnceLock::new();
+    let mut map = COUNTERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    // Counters of dropped store objects go: their addresses may be reused.
+    map.retain(|_, c| c.object.as_ref().is_none_or(|w| w.strong_count() > 0));
+    let (key, object) = match ident {
+        StoreIdent::Object(w) => (format!("object@{:p}", w.as_ptr() as *const ()), Some(w.clone())),
+        StoreIdent::Url(u) => (format!("url:{u}"), None),
+    };
+    let c = map.entry((key, rank)).or_insert(Counter { object, next: 0 });
+    c.next += 1;
+    c.next - 1
+}
+
+/// 32-bit FNV-1a over `parts`, each followed by a zero byte.
+pub(super) fn fnv32(parts: &[&[u8]]) -> u32 {
+    parts
+        .iter()
+        .fold(0x811c_9dc5u32, |h, p| p.iter().chain(&[0u8]).fold(h, |h, b| (h ^ *b as u32).wrapping_mul(0x0100_0193)))
+}
+
+/// The id frames of the communicator under `prefix` with this nonce carry.
+pub(super) fn comm_id(prefix: &str, nonce: &[u8]) -> u32 {
+    fnv32(&[prefix.as_bytes(), nonce])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &[u8]) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    text.chunks(2).map(|p| std::str::from_utf8(p).ok().and_then(|s| u8::from_str_radix(s, 16).ok())).collect()
+}
+
+fn claim_key(rank: usize) -> String {
+    format!("claim/{rank}")
+}
+
+/// Claim `rank` under the communicator's prefix: the first claim wins.
+fn claim_rank(scoped: &PrefixStore, rank: usize, label: &str) -> Result<()> {
+    let n = scoped.add(&claim_key(rank), 1)?;
+    if n != 1 {
+        return Err(Error::Store(format!(
+            "rank {rank} of communicator {} was already claimed: is another job using store {label}?",
+            scoped.prefix()
+        )));
+    }
+    Ok(())
+}
+
+/// After set-up: fail if another process claimed this rank meanwhile (it failed
+/// at once; this rank may have been linked with the other job's ranks).
+fn check_claim_kept(scoped: &PrefixStore, rank: usize, label: &str) -> Result<()> {
+    let n = scoped.add(&claim_key(rank), 0)?;
+    if n != 1 {
+        return Err(Error::Store(format!(
+            "rank {rank} of communicator {} was claimed {n} times during set-up: is another job using store {label}?",
+            scoped.prefix()
+        )));
+    }
+    Ok(())
+}
+
+/// Rank 0 draws the nonce and publishes it; every other rank reads it.
+fn nonce(scoped: &PrefixStore, cfg: &Config) -> Result<Vec<u8>> {
+    if cfg.rank == 0 {
+        let n = crate::auth::random_bytes::<NONCE_LEN>();
+        scoped.set("nonce", hex(&n).as_bytes())?;
+        return Ok(n.to_vec());
+    }
+    let raw = scoped.wait_get("nonce", cfg.timeout)?;
+    unhex(&raw).filter(|n| n.len() == NONCE_LEN).ok_or_else(|| {
+        Error::Store(format!(
+            "rank {}: {}/nonce holds {} bytes that are not {NONCE_LEN} hex-encoded bytes",
+            cfg.rank,
+            scoped.prefix(),
+            raw.len()
+        ))
+    })
+}
+
+/// Claim the rank, agree on the id, probe the topology and link every peer of
+/// the communicator under `prefix` of `store`.
+pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label: String) -> Result<Communicator> {
+    let scoped = PrefixStore::new(prefix.clone(), store.clone());
+    claim_rank(&scoped, cfg.rank, &label)?;
+    let nonce = nonce(&scoped, &cfg)?;
+    let comm_id = comm_id(&prefix, &nonce);
+    tracing::debug!(rank = cfg.rank, prefix, comm_id = format!("{comm_id:#x}"), "communicator set-up");
+    // Which peers share this host is probed, not guessed; each peer then gets
+    // the first allowed transport that can reach it (shared memory, then TCP).
+    let topo = topology::discover(cfg.rank, cfg.world_size, &scoped, "topo", cfg.timeout)?;
+    let kinds = topology::choose_transports(&topo, cfg.rank, cfg.transports.as_deref())?;
+    let wanted = |k: TransportKind| kinds.iter().map(|t| *t == Some(k)).collect::<Vec<bool>>();
+    let mut links: Vec<Option<Box<dyn Link>>> = (0..cfg.world_size).map(|_| None).collect();
+    let shm_peers = wanted(TransportKind::Shm);
+    if shm_peers.iter().any(|b| *b) {
+        let mut opts = ShmOptions::new(cfg.rank, cfg.world_size, "shm");
+        opts.peers = shm_peers;
+        opts.timeout = cfg.timeout;
+        opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(topo.local_size));
+        opts.cma = crate::executor::single_copy::cma_for_plain_buffers();
+        opts.key = cfg.job_key.clone();
+        for (p, l) in connect_shm(&opts, &scoped)?.into_iter().enumerate() {
+            if let Some(l) = l {
+                links[p] = Some(Box::new(l));
+            }
+        }
+    }
+    let tcp_peers = wanted(TransportKind::Tcp);
+    if tcp_peers.iter().any(|b| *b) {
+        let mut opts = MeshOptions::new(cfg.rank, cfg.world_size, "mesh");
+        opts.ifname = cfg.socket_ifname.clone();
+        opts.timeout = cfg.timeout;
+        opts.comm_id = comm_id as u64;
+        opts.peers = Some(tcp_peers);
+        opts.key = cfg.job_key.clone();
+        for (p, l) in connect_mesh(&opts, &scoped)?.into_iter().enumerate() {
+            if let Some(l) = l {
+                links[p] = Some(Box::new(l));
+            }
+        }
+    }
+    check_claim_kept(&scoped, cfg.rank, &label)?;
+    let wait = WaitPolicy::for_ranks(topo.local_size);
+    let mut comm = Communicator::from_links(cfg.rank, cfg.world_size, links, comm_id, &cfg, wait);
+    comm.origin = Origin::Store(Box::new(StoreOrigin { store, prefix, cfg, label }));
+    Ok(comm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::MemStore;
+
+    #[test]
+    fn counters_are_per_store_object_and_rank_and_restart_for_a_new_object() {
+        let a: Arc<dyn Store> = Arc::new(MemStore::new());
+        let b: Arc<dyn Store> = Arc::new(MemStore::new());
+        let ia = StoreIdent::Object(Arc::downgrade(&a));
+        let ib = StoreIdent::Object(Arc::downgrade(&b));
+        assert_eq!((next_index(&ia, 0), next_index(&ia, 0), next_index(&ia, 1)), (0, 1, 0));
+        assert_eq!(next_index(&ib, 0), 0);
+        let url = StoreIdent::Url("tcp://counter-test:1".into());
+        assert_eq!((next_index(&url, 3), next_index(&url, 3)), (0, 1));
+        drop(ia);
+        drop(a);
+        // A store allocated after `a` died (possibly at its address) starts again at 0.
+        let c: Arc<dyn Store> = Arc::new(MemStore::new());
+        assert_eq!(next_index(&StoreIdent::Object(Arc::downgrade(&c)), 0), 0);
+    }
+
+    #[test]
+    fn ids_differ_by_prefix_and_nonce_and_the_nonce_round_trips() {
+        assert_ne!(comm_id("braid/comm0", &[1; 16]), comm_id("braid/comm0", &[2; 16]));
+        assert_ne!(comm_id("braid/comm0", &[1; 16]), comm_id("braid/comm1", &[1; 16]));
+        assert_eq!(comm_id("braid/x", &[7; 16]), comm_id("braid/x", &[7; 16]));
+        let n = [0u8, 1, 0xab, 0xff];
+        assert_eq!(unhex(hex(&n).as_bytes()).unwrap(), n);
+        assert_eq!(unhex(b"zz"), None);
+        assert_eq!(unhex(b"abc"), None);
+    }
+
+    #[test]
+    fn a_second_claim_of_a_rank_names_the_rank_the_communicator_and_the_store() {
+        let mem: Arc<dyn Store> = Arc::new(MemStore::new());
+        let scoped = PrefixStore::new("braid/comm0", mem);
+        claim_rank(&scoped, 1, "tcp://h:1").unwrap();
+        check_claim_kept(&scoped, 1, "tcp://h:1").unwrap();
+        let e = claim_rank(&scoped, 1, "tcp://h:1").unwrap_err().to_string();
+        assert!(e.contains("rank 1 of communicator braid/comm0 was already claimed"), "{e}");
+        assert!(e.contains("store tcp://h:1"), "{e}");
+        let e = check_claim_kept(&scoped, 1, "tcp://h:1").unwrap_err().to_string();
+        assert!(e.contains("claimed 2 times"), "{e}");
+    }
+}

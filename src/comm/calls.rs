@@ -1,0 +1,153 @@
+//! Argument checking and buffer layout of every call, in issue order.
+
+use super::turn::Shared;
+use crate::algorithm::PlanRequest;
+use crate::error::{Error, Result};
+use crate::types::{CallSig, DType, OpKind, ReduceOp};
+
+/// What sync calls and async jobs share: identity, ticketing and the engine.
+pub(super) struct Core {
+    pub(super) rank: usize,
+    pub(super) world: usize,
+    pub(super) shared: Shared,
+}
+
+/// A validated call, ready for the engine.
+struct Prepared {
+    sig: CallSig,
+    input: *const u8,
+    input_len: usize,
+    output: *mut u8,
+    output_len: usize,
+}
+
+impl Core {
+    fn arg(&self, msg: String) -> Error {
+        Error::InvalidArgument(format!("rank {}: {msg}", self.rank))
+    }
+
+    fn check_rank(&self, what: &str, r: usize) -> Result<()> {
+        if r >= self.world {
+            return Err(self.arg(format!("{what} {r} is not a rank of this {}-rank communicator", self.world)));
+        }
+        Ok(())
+    }
+
+    pub(super) fn block(&self, len: usize) -> Result<usize> {
+        if len % self.world != 0 {
+            return Err(self.arg(format!("buffer of {len} elements does not split into {} equal blocks", self.world)));
+        }
+        Ok(len / self.world)
+    }
+
+    /// Check sizes and work out the buffer layout (in-place aliasing included).
+    fn prepare(&self, sig: CallSig, input: Option<&[u8]>, output: &mut [u8]) -> Result<Prepared> {
+        if matches!(sig.op, OpKind::Send | OpKind::Recv) {
+            return Err(self.arg("use send/recv for point-to-point calls".into()));
+        }
+        if sig.op.rooted() {
+            self.check_rank("root", sig.root as usize)?;
+        }
+        let count = usize::try_from(sig.count).map_err(|_| self.arg("count too large".into()))?;
+        // Every byte size below (count x element x world) must fit: a wrapped size
+        // would let a huge count pass for a small buffer.
+        if count.checked_mul(sig.dtype.size()).and_then(|b| b.checked_mul(self.world)).is_none() {
+            return Err(self.arg(format!("{sig}: {count} elements are more bytes than this machine can address")));
+        }
+        let req = PlanRequest {
+            op: sig.op,
+            rank: self.rank,
+            world: self.world,
+            count,
+            elem_size: sig.dtype.size(),
+            root: sig.root as usize,
+            algorithm: None,
+        };
+        let (in_bytes, out_bytes) = (req.input_bytes(), req.output_bytes());
+        let is_root = sig.root as usize == self.rank;
+        let base = output.as_mut_ptr();
+        let out_len = output.len();
+        match input {
+            Some(inp) => {
+                // Non-roots of a broadcast have no input; non-roots of a reduce no output.
+                let has_input = sig.op != OpKind::Broadcast || is_root;
+                let has_output = sig.op != OpKind::Reduce || is_root;
+                if has_input && inp.len() != in_bytes {
+                    return Err(self.arg(format!("{sig}: input has {} bytes, expected {in_bytes}", inp.len())));
+                }
+                if has_output && out_len != out_bytes {
+                    return Err(self.arg(format!("{sig}: output has {out_len} bytes, expected {out_bytes}")));
+                }
+                Ok(Prepared { sig, input: inp.as_ptr(), input_len: inp.len(), output: base, output_len: out_len })
+            }
+            None => {
+                let need = in_bytes.max(out_bytes);
+                if out_len != need {
+                    return Err(self.arg(format!("{sig}: in-place buffer has {out_len} bytes, expected {need}")));
+                }
+                let block = count * sig.dtype.size();
+                // SAFETY (both adds): block `rank` lies inside the buffer, whose length was checked.
+                Ok(match sig.op {
+                    OpKind::AllGather => Prepared {
+                        sig,
+                        input: unsafe { base.add(self.rank * block) },
+                        input_len: block,
+                        output: base,
+                        output_len: need,
+                    },
+                    OpKind::ReduceScatter => Prepared {
+                        sig,
+                        input: base,
+                        input_len: need,
+                        output: unsafe { base.add(self.rank * block) },
+                        output_len: block,
+                    },
+                    _ => Prepared { sig, input: base, input_len: need, output: base, output_len: need },
+                })
+            }
+        }
+    }
+
+    /// Run a collective at `ticket` (the byte form behind every typed call).
+    pub(super) fn collective_at(
+        &self,
+        ticket: u64,
+        sig: CallSig,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+    ) -> Result<()> {
+        let sig = CallSig::new(sig.op, sig.dtype, sig.count, sig.root, sig.reduce_op);
+        if sig.op == OpKind::AllToAll && input.is_none() {
+            // Every block is both read and overwritten: work from a copy.
+            let copy = output.to_vec();
+            return self.collective_at(ticket, sig, Some(&copy), output);
+        }
+        // Checked in turn, so that whatever happens there the ticket is used.
+        self.shared.in_turn(ticket, Some(sig), |e| {
+            let p = self.prepare(sig, input, output)?;
+            e.collective(p.sig, p.input, p.input_len, p.output, p.output_len)
+        })
+    }
+
+    pub(super) fn p2p_at(
+        &self,
+        ticket: u64,
+        op: OpKind,
+        ptr: *mut u8,
+        len: usize,
+        dtype: DType,
+        peer: usize,
+    ) -> Result<()> {
+        let checked = self.check_rank("peer", peer).and_then(|()| {
+            if peer == self.rank {
+                return Err(self.arg(format!("{op} to itself")));
+            }
+            if len % dtype.size() != 0 {
+                return Err(self.arg(format!("{op}: {len} bytes is not a whole number of {dtype}")));
+            }
+            Ok(CallSig::new(op, dtype, (len / dtype.size()) as u64, peer as u32, ReduceOp::Sum))
+        });
+        let sig = checked.as_ref().ok().copied();
+        self.shared.in_turn(ticket, sig, |e| e.point_to_point(checked?, peer, ptr, len))
+    }
+}

@@ -1,0 +1,241 @@
+//! The engine: the state only the rank's current call touches (links, sequence
+//! numbers, cached plans), and how one call runs on it.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::{self, Algorithm, BufId, PlanRequest, Region, Round, Schedule, Step};
+use crate::error::{Error, OpContext, Result};
+use crate::executor::{self, Buffers, CallInfo, Channel, WaitPolicy};
+use crate::frame::FrameKind;
+use crate::reduce;
+use crate::types::{CallSig, OpKind, ReduceOp};
+
+/// What a cached schedule depends on: op, count, element size, root, algorithm.
+type PlanKey = (OpKind, usize, usize, usize, Option<Algorithm>);
+
+/// State that only the rank's current call touches.
+pub(crate) struct Engine {
+    pub(super) rank: usize,
+    pub(super) world: usize,
+    pub(super) channels: Vec<Option<Channel>>,
+    pub(super) comm_id: u32,
+    pub(super) epoch: u8,
+    pub(super) coll_seq: u64,
+    pub(super) p2p_sent: Vec<u64>,
+    pub(super) p2p_received: Vec<u64>,
+    pub(super) timeout: Duration,
+    pub(super) wait: WaitPolicy,
+    pub(super) algorithm: Option<Algorithm>,
+    pub(super) broken: Option<String>,
+    /// Set by [`crate::Communicator::abort`] from any thread; the executor reads it
+    /// once per pass of its transfer loop.
+    pub(super) aborted: Arc<AtomicBool>,
+    pub(super) scratch: Vec<u8>,
+    pub(super) queues: executor::Queues,
+    pub(super) plans: HashMap<PlanKey, Arc<Schedule>>,
+    pub(super) last_plan: Option<(PlanKey, Arc<Schedule>)>,
+}
+
+impl Engine {
+    /// An engine over `channels` (indexed by peer rank) with nothing run yet.
+    pub(super) fn new(
+        rank: usize,
+        world: usize,
+        channels: Vec<Option<Channel>>,
+        comm_id: u32,
+        cfg: &crate::config::Config,
+        wait: WaitPolicy,
+        aborted: Arc<AtomicBool>,
+    ) -> Engine {
+        Engine {
+            rank,
+            world,
+            channels,
+            comm_id,
+            epoch: 0,
+            coll_seq: 0,
+            p2p_sent: vec![0; world],
+            p2p_received: vec![0; world],
+            timeout: cfg.timeout,
+            wait,
+            algorithm: cfg.algorithm,
+            broken: None,
+            aborted,
+            scratch: Vec::new(),
+            queues: executor::Queues::default(),
+            plans: HashMap::new(),
+            last_plan: None,
+        }
+    }
+
+    fn ctx(&self, call: Option<CallSig>, seq: u64) -> OpContext {
+        OpContext { rank: self.rank, call, seq }
+    }
+
+    pub(super) fn schedule(&mut self, sig: &CallSig, algo: Option<Algorithm>) -> Result<Arc<Schedule>> {
+        let req = PlanRequest {
+            op: sig.op,
+            rank: self.rank,
+            world: self.world,
+            count: sig.count as usize,
+            elem_size: sig.dtype.size(),
+            root: sig.root as usize,
+            algorithm: algo.filter(|a| algorithm::algorithms_for(sig.op).contains(a)),
+        };
+        let key = (req.op, req.count, req.elem_size, req.root, req.algorithm);
+        // Training loops repeat one call: check the last plan before hashing.
+        if let Some((k, s)) = &self.last_plan {
+            if *k == key {
+                return Ok(s.clone());
+            }
+        }
+        if let Some(s) = self.plans.get(&key) {
+            self.last_plan = Some((key, s.clone()));
+            return Ok(s.clone());
+        }
+        let s = Arc::new(algorithm::plan(&req).map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?);
+        if self.plans.len() > 256 {
+            self.plans.clear();
+        }
+        self.plans.insert(key, s.clone());
+        self.last_plan = Some((key, s.clone()));
+        Ok(s)
+    }
+
+    /// Run one call. On failure the communicator is broken: every peer is told
+    /// why (so no rank waits for a deadline) and later calls fail at once.
+    fn run(&mut self, sig: CallSig, schedule: &Schedule, bufs: &mut Buffers, seqs: (u64, u64)) -> Result<()> {
+        if self.aborted.load(Ordering::Relaxed) {
+            self.notice_abort();
+            return Err(Error::Aborted { rank: self.rank, call: Some(sig) });
+        }
+        if let Some(why) = &self.broken {
+            return Err(Error::Broken(why.clone()));
+        }
+        let info = CallInfo {
+            ctx: self.ctx(Some(sig), seqs.1),
+            sig,
+            send_seq: seqs.0,
+            recv_seq: seqs.1,
+            comm_id: self.comm_id,
+            epoch: self.epoch,
+            dtype: sig.dtype,
+            reduce_op: sig.reduce_op,
+            timeout: self.timeout,
+            wait: self.wait,
+            aborted: self.aborted.clone(),
+        };
+        let mut result =
+            executor::execute(schedule, &mut self.channels, &mut self.queues, bufs, &info).and_then(|()| {
+                if sig.reduce_op == ReduceOp::Avg && sig.op.reduces() {
+                    for r in &schedule.finalize {
+                        let (base, len) = match r.buf {
+                            BufId::Output => (bufs.output, bufs.output_len),
+                            BufId::Input => (bufs.input as *mut u8, bufs.input_len),
+                            BufId::Scratch => (bufs.scratch.as_mut_ptr(), bufs.scratch.len()),
+                        };
+                        if r.end() > len {
+                            return Err(Error::InvalidArgument(format!("finalize region {r:?} out of bounds")));
+                        }
+                        // SAFETY: in-bounds region of a live buffer; no other view is alive.
+                        let s = unsafe { std::slice::from_raw_parts_mut(base.add(r.offset), r.len) };
+                        reduce::finalize(sig.dtype, sig.reduce_op, s, self.world)?;
+                    }
+                }
+                Ok(())
+            });
+        // A call that completed while abort() was being called still reports the
+        // abort: after abort() no call on this rank claims success it may not share.
+        if result.is_ok() && self.aborted.load(Ordering::Relaxed) {
+            result = Err(Error::Aborted { rank: self.rank, call: Some(sig) });
+        }
+        if let Err(e) = &result {
+            self.fail(e.to_string());
+        }
+        result
+    }
+
+    /// Tell every peer why this rank stops, close the links, refuse later calls.
+    pub(super) fn fail(&mut self, reason: String) {
+        tracing::error!(rank = self.rank, "{reason}");
+        for ch in self.channels.iter_mut().flatten() {
+            ch.send_control_and_close(FrameKind::Abort, self.comm_id, self.epoch, &reason);
+        }
+        self.broken = Some(reason);
+    }
+
+    /// After an abort, make sure the peers have been told (once).
+    pub(super) fn notice_abort(&mut self) {
+        if self.broken.is_none() && self.aborted.load(Ordering::Relaxed) {
+            self.fail(Error::Aborted { rank: self.rank, call: None }.to_string());
+        }
+    }
+
+    /// A call unwound (panicked) with the engine in its hands: its queues may hold
+    /// pointers into buffers that are gone and its links may be mid-frame, so the
+    /// engine is unusable. Peers are told; later calls get [`Error::Broken`].
+    pub(super) fn unwound(&mut self, panic: &str) {
+        self.queues = executor::Queues::default();
+        if self.broken.is_none() {
+            let reason = format!("rank {}: a call panicked: {panic}", self.rank);
+            self.broken = Some(reason.clone());
+            // The link may be what panicked: telling the peers must not unwind again.
+            let told = catch_unwind(AssertUnwindSafe(|| self.fail(reason.clone())));
+            if told.is_err() {
+                self.broken = Some(reason);
+            }
+        }
+    }
+
+    pub(super) fn collective(
+        &mut self,
+        sig: CallSig,
+        input: *const u8,
+        input_len: usize,
+        output: *mut u8,
+        output_len: usize,
+    ) -> Result<()> {
+        let seq = self.coll_seq;
+        self.coll_seq += 1;
+        let schedule = self.schedule(&sig, self.algorithm)?;
+        let mut bufs = Buffers { input, input_len, output, output_len, scratch: std::mem::take(&mut self.scratch) };
+        let r = self.run(sig, &schedule, &mut bufs, (seq, seq));
+        self.scratch = bufs.scratch;
+        r
+    }
+
+    pub(super) fn point_to_point(&mut self, sig: CallSig, peer: usize, buf: *mut u8, len: usize) -> Result<()> {
+        let (step, seqs) = if sig.op == OpKind::Send {
+            let s = self.p2p_sent[peer];
+            self.p2p_sent[peer] += 1;
+            (Step::Send { peer, src: Region::new(BufId::Input, 0, len) }, (s, s))
+        } else {
+            let s = self.p2p_received[peer];
+            self.p2p_received[peer] += 1;
+            (Step::Recv { peer, dst: Region::new(BufId::Output, 0, len) }, (s, s))
+        };
+        let schedule = Schedule {
+            algorithm: Algorithm::Direct,
+            rounds: vec![Round { steps: vec![step] }],
+            scratch_bytes: 0,
+            finalize: vec![],
+        };
+        let mut bufs = Buffers { input: buf, input_len: len, output: buf, output_len: len, scratch: Vec::new() };
+        self.run(sig, &schedule, &mut bufs, seqs)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.notice_abort();
+        if self.broken.is_none() {
+            for ch in self.channels.iter_mut().flatten() {
+                ch.send_control_and_close(FrameKind::Goodbye, self.comm_id, self.epoch, "");
+            }
+        }
+    }
+}

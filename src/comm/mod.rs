@@ -1,0 +1,411 @@
+//! The communicator: the collective API on top of the executor.
+//!
+//! Calls run in the order they were issued on this rank, whether synchronous (on
+//! the calling thread) or asynchronous (on one worker thread per communicator):
+//! each call takes a ticket when issued and runs when its turn comes, so async
+//! work overlaps the caller's computation without reordering the collectives that
+//! every rank must issue in the same order.
+//!
+//! Communicators coexist: each has its own id (a hash of its store namespace and a
+//! nonce rank 0 draws), carried and checked in every frame, so several can share a
+//! store and a process, one after another or at once (see [`CommunicatorBuilder`]
+//! for the store keys), and [`Communicator::split`] makes sub-communicators with
+//! their own ids and links. [`Communicator::abort`] stops every pending and later
+//! call on any thread; a call that panics passes its turn on and leaves the
+//! communicator broken, so no later call waits for it.
+//!
+//! Files: `mod.rs` the public API; `calls.rs` argument checks and buffer layout;
+//! `turn.rs` issue-order ticketing and abort; `engine.rs` running one call on the
+//! links; `builder.rs` building over a store; `split.rs` sub-communicators.
+
+mod builder;
+mod calls;
+mod engine;
+mod split;
+mod turn;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+pub use builder::CommunicatorBuilder;
+
+use crate::algorithm::{Algorithm, Schedule};
+use crate::bootstrap::Store;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::executor::{Channel, WaitPolicy};
+use crate::transport::loopback::LoopbackLink;
+use crate::transport::{Link, TransportKind};
+use crate::types::{CallSig, DType, Element, OpKind, ReduceOp};
+use calls::Core;
+use engine::Engine;
+use split::InProcGroup;
+use turn::Shared;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A handle on an asynchronous call: `wait` for its result, or `test` whether it is done.
+pub struct Work<R> {
+    rx: mpsc::Receiver<Result<R>>,
+    done: Option<Result<R>>,
+}
+
+impl<R> Work<R> {
+    /// Whether the call has finished (successfully or not). Never blocks.
+    pub fn test(&mut self) -> bool {
+        if self.done.is_none() {
+            if let Ok(r) = self.rx.try_recv() {
+                self.done = Some(r);
+            }
+        }
+        self.done.is_some()
+    }
+
+    /// Block until the call finishes and return its result (the buffers it owned).
+    pub fn wait(mut self) -> Result<R> {
+        match self.done.take() {
+            Some(r) => r,
+            None => self.rx.recv().unwrap_or_else(|_| Err(Error::Broken("the communicator's worker stopped".into()))),
+        }
+    }
+}
+
+/// A group of ranks that run collectives together.
+///
+/// Every rank must issue the same collectives in the same order; a rank that
+/// issues a different call gets [`Error::Mismatch`] naming both calls, and its
+/// peers learn why from an abort frame instead of waiting for a deadline.
+pub struct Communicator {
+    core: Arc<Core>,
+    /// How it was made: what [`Communicator::split`] builds children from. Holds
+    /// the rendezvous store for the communicator's life: when this rank hosts it,
+    /// dropping it would stop the server under ranks still setting up.
+    origin: Origin,
+    /// Splits so far (names each split's store namespace).
+    splits: AtomicU64,
+    comm_id: u32,
+    transports: Vec<Option<TransportKind>>,
+    worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
+}
+
+/// Where a communicator came from.
+enum Origin {
+    /// Built over a store, under a prefix.
+    Store(Box<StoreOrigin>),
+    /// Threads of one process joined by in-memory links.
+    InProcess(Arc<InProcGroup>),
+    /// Over links the caller connected.
+    Links,
+}
+
+/// A store-built communicator's store, namespace and settings.
+struct StoreOrigin {
+    store: Arc<dyn Store>,
+    prefix: String,
+    cfg: Config,
+    /// How errors name the store (its URL, or the object passed to the builder).
+    label: String,
+}
+
+impl Communicator {
+    /// Connect using the environment (`BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_STORE`, ...
+    /// or a recognised launcher's variables).
+    pub fn from_env() -> Result<Communicator> {
+        CommunicatorBuilder::from_config(Config::from_env()?).build()
+    }
+
+    /// A builder for rank `rank` of `world_size` (see [`CommunicatorBuilder`] for
+    /// how communicators sharing a store are told apart).
+    pub fn builder(rank: usize, world_size: usize) -> CommunicatorBuilder {
+        CommunicatorBuilder::from_config(Config::new(rank, world_size))
+    }
+
+    /// `world_size` communicators whose ranks are threads of this process, joined by
+    /// in-memory links. Move each into its own thread.
+    pub fn in_process(world_size: usize) -> Result<Vec<Communicator>> {
+        Communicator::in_process_with(Config::new(0, world_size.max(1)))
+    }
+
+    /// Like [`Communicator::in_process`], with the timeout and algorithm of `cfg`
+    /// (its world size gives the number of ranks).
+    pub fn in_process_with(cfg: Config) -> Result<Vec<Communicator>> {
+        let world = cfg.world_size;
+        if world == 0 {
+            return Err(Error::InvalidArgument("world size must be at least 1".into()));
+        }
+        // Distinct prefixes keep frames of two in-process groups apart; the nonce
+        // keeps them apart from another process's groups.
+        static NEXT_GROUP: AtomicU64 = AtomicU64::new(0);
+        let prefix = format!("inproc/{}", NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
+        let group = Arc::new(InProcGroup::new(prefix, crate::auth::random_bytes::<16>(), cfg.clone()));
+        let wait = WaitPolicy::for_ranks(world);
+        Ok(LoopbackLink::mesh(world)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, row)| {
+                let links = row.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
+                let mut comm = Communicator::from_links(rank, world, links, group.id(), &cfg, wait);
+                comm.origin = Origin::InProcess(group.clone());
+                comm
+            })
+            .collect())
+    }
+
+    /// A communicator over already-connected links (`links[p]` reaches rank `p`).
+    pub fn from_links(
+        rank: usize,
+        world: usize,
+        links: Vec<Option<Box<dyn Link>>>,
+        comm_id: u32,
+        cfg: &Config,
+        wait: WaitPolicy,
+    ) -> Communicator {
+        let transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
+        let channels = links.into_iter().map(|l| l.map(Channel::new)).collect();
+        let aborted = Arc::new(AtomicBool::new(false));
+        let engine = Engine::new(rank, world, channels, comm_id, cfg, wait, aborted.clone());
+        Communicator {
+            core: Arc::new(Core { rank, world, shared: Shared::new(engine, aborted) }),
+            origin: Origin::Links,
+            splits: AtomicU64::new(0),
+            comm_id,
+            transports,
+            worker: Mutex::new(None),
+        }
+    }
+
+    /// This rank, `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        self.core.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.core.world
+    }
+
+    /// The transport used to reach each peer (None at this rank's own index).
+    pub fn transports(&self) -> &[Option<TransportKind>] {
+        &self.transports
+    }
+
+    /// The id every frame of this communicator carries (a hash of its store
+    /// namespace and a nonce drawn by rank 0; distinct for every communicator).
+    pub fn id(&self) -> u32 {
+        self.comm_id
+    }
+
+    /// Abort this communicator, from any thread, also while calls are in flight
+    /// or queued: each of them, and every later call, returns
+    /// [`Error::Aborted`] — the one in flight within its executor's next pass
+    /// (well under a second on every transport) — and the peers are sent an
+    /// abort frame, so their calls fail with [`Error::PeerAborted`] instead of
+    /// waiting for a deadline. Never blocks on the call in flight. Cannot be undone.
+    pub fn abort(&self) {
+        self.core.shared.abort();
+    }
+
+    /// Whether [`Communicator::abort`] was called.
+    pub fn is_aborted(&self) -> bool {
+        self.core.shared.is_aborted()
+    }
+
+    /// Force an algorithm for later calls (None: automatic). Every rank must agree.
+    pub fn set_algorithm(&self, a: Option<Algorithm>) {
+        self.core.shared.lock_engine().algorithm = a;
+    }
+
+    /// The schedule this rank would run for `sig`, without running it.
+    pub fn plan(&self, sig: &CallSig) -> Result<Arc<Schedule>> {
+        let mut e = self.core.shared.lock_engine();
+        let a = e.algorithm;
+        e.schedule(sig, a)
+    }
+
+    /// The byte-buffer form of every collective: `sig` says what to run, `input` is
+    /// None for in-place calls (the data is then in `output`), lengths are in bytes.
+    /// In-place layouts follow NCCL: all-gather finds this rank's block at
+    /// `rank * count` of the buffer; reduce-scatter leaves its result there.
+    pub fn collective_bytes(&self, sig: CallSig, input: Option<&[u8]>, output: &mut [u8]) -> Result<()> {
+        self.core.collective_at(self.core.shared.take_ticket(), sig, input, output)
+    }
+
+    /// Send `buf` (bytes of `dtype`) to `peer`; matched by that peer's `recv_bytes`.
+    pub fn send_bytes(&self, buf: &[u8], dtype: DType, peer: usize) -> Result<()> {
+        let t = self.core.shared.take_ticket();
+        self.core.p2p_at(t, OpKind::Send, buf.as_ptr() as *mut u8, buf.len(), dtype, peer)
+    }
+
+    /// Receive into `buf` (bytes of `dtype`) from `peer`.
+    pub fn recv_bytes(&self, buf: &mut [u8], dtype: DType, peer: usize) -> Result<()> {
+        let t = self.core.shared.take_ticket();
+        self.core.p2p_at(t, OpKind::Recv, buf.as_mut_ptr(), buf.len(), dtype, peer)
+    }
+
+    fn typed<T: Element>(
+        &self,
+        op: OpKind,
+        count: usize,
+        root: usize,
+        rop: ReduceOp,
+        input: Option<&[T]>,
+        out: &mut [T],
+    ) -> Result<()> {
+        let sig = CallSig::new(op, T::DTYPE, count as u64, root as u32, rop);
+        self.collective_bytes(sig, input.map(bytemuck::cast_slice), bytemuck::cast_slice_mut(out))
+    }
+
+    /// Reduce `input` across ranks into `output` on every rank.
+    pub fn all_reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        self.typed(OpKind::AllReduce, input.len(), 0, op, Some(input), output)
+    }
+    /// Reduce `buf` across ranks in place.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.typed(OpKind::AllReduce, buf.len(), 0, op, None, buf)
+    }
+    /// Broadcast `buf` from `root` to every rank, in place.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.typed(OpKind::Broadcast, buf.len(), root, ReduceOp::Sum, None, buf)
+    }
+    /// Broadcast root's `input` into every rank's `output` (`input` is read only at the root).
+    pub fn broadcast_out_of_place<T: Element>(&self, input: &[T], output: &mut [T], root: usize) -> Result<()> {
+        self.typed(OpKind::Broadcast, output.len(), root, ReduceOp::Sum, Some(input), output)
+    }
+    /// Gather every rank's `input` into `output` (`world_size * input.len()`), in rank order.
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.typed(OpKind::AllGather, input.len(), 0, ReduceOp::Sum, Some(input), output)
+    }
+    /// All-gather in place: this rank's block is already at block `rank` of `buf`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let c = self.core.block(buf.len())?;
+        self.typed(OpKind::AllGather, c, 0, ReduceOp::Sum, None, buf)
+    }
+    /// Reduce `input` (`world_size * output.len()` elements) and leave block `rank` in `output`.
+    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        self.typed(OpKind::ReduceScatter, output.len(), 0, op, Some(input), output)
+    }
+    /// Reduce-scatter in place: the result lands at block `rank` of `buf`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let c = self.core.block(buf.len())?;
+        self.typed(OpKind::ReduceScatter, c, 0, op, None, buf)
+    }
+    /// Reduce `input` across ranks into `output` at `root` (other ranks may pass an empty output).
+    pub fn reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.typed(OpKind::Reduce, input.len(), root, op, Some(input), output)
+    }
+    /// Reduce in place: the root's `buf` receives the result; other ranks' stay unchanged.
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.typed(OpKind::Reduce, buf.len(), root, op, None, buf)
+    }
+    /// Send block `j` of `input` to rank `j`; receive rank `j`'s block `rank` into block `j` of `output`.
+    pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        let c = self.core.block(input.len())?;
+        self.typed(OpKind::AllToAll, c, 0, ReduceOp::Sum, Some(input), output)
+    }
+    /// All-to-all in place.
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let c = self.core.block(buf.len())?;
+        self.typed(OpKind::AllToAll, c, 0, ReduceOp::Sum, None, buf)
+    }
+    /// Wait until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        self.collective_bytes(CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), None, &mut [])
+    }
+    /// Send `buf` to `peer`.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.send_bytes(bytemuck::cast_slice(buf), T::DTYPE, peer)
+    }
+    /// Receive `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.recv_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, peer)
+    }
+
+    /// Take the next ticket now (issue order) and run `job` with it on the worker thread.
+    fn spawn<R: Send + 'static>(&self, job: impl FnOnce(&Core, u64) -> Result<R> + Send + 'static) -> Work<R> {
+        let (tx, rx) = mpsc::channel();
+        let ticket = self.core.shared.take_ticket();
+        let core = self.core.clone();
+        let boxed: Job = Box::new(move || {
+            // A panic stays in its call (the turn has passed on and the engine is
+            // broken): the worker must live on to run the jobs queued behind it,
+            // whose tickets later calls wait for.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&core, ticket)));
+            let _ = tx.send(r.unwrap_or_else(|_| {
+                let why = core.shared.lock_engine().broken.clone();
+                Err(Error::Broken(why.unwrap_or_else(|| format!("rank {}: an async call panicked", core.rank))))
+            }));
+        });
+        let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_none() {
+            let (jtx, jrx) = mpsc::channel::<Job>();
+            match std::thread::Builder::new()
+                .name(format!("braid-work-{}", self.rank()))
+                .spawn(move || jrx.into_iter().for_each(|job| job()))
+            {
+                Ok(handle) => *w = Some((jtx, handle)),
+                Err(e) => {
+                    // Run in place so the ticket is still consumed.
+                    tracing::warn!("cannot start the async worker ({e}); running the call synchronously");
+                    boxed();
+                    return Work { rx, done: None };
+                }
+            }
+        }
+        if let Some((sender, _)) = w.as_ref() {
+            if let Err(mpsc::SendError(job)) = sender.send(boxed) {
+                job();
+            }
+        }
+        Work { rx, done: None }
+    }
+
+    fn typed_async<T: Element>(&self, op: OpKind, rop: ReduceOp, root: usize, mut buf: Vec<T>) -> Work<Vec<T>> {
+        self.spawn(move |core, t| {
+            let count = match op {
+                OpKind::AllGather | OpKind::ReduceScatter => match core.block(buf.len()) {
+                    Ok(c) => c,
+                    // The ticket is taken: it must pass through its turn, or every
+                    // later call would wait for it.
+                    Err(e) => return core.shared.in_turn(t, None, |_| Err(e)),
+                },
+                _ => buf.len(),
+            };
+            let sig = CallSig::new(op, T::DTYPE, count as u64, root as u32, rop);
+            core.collective_at(t, sig, None, bytemuck::cast_slice_mut(&mut buf)).map(|()| buf)
+        })
+    }
+
+    /// Asynchronous in-place all-reduce of an owned buffer.
+    pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        self.typed_async(OpKind::AllReduce, op, 0, buf)
+    }
+    /// Asynchronous in-place broadcast of an owned buffer.
+    pub fn broadcast_async<T: Element>(&self, buf: Vec<T>, root: usize) -> Work<Vec<T>> {
+        self.typed_async(OpKind::Broadcast, ReduceOp::Sum, root, buf)
+    }
+    /// Asynchronous in-place all-gather (this rank's block at block `rank` of `buf`).
+    pub fn all_gather_async<T: Element>(&self, buf: Vec<T>) -> Work<Vec<T>> {
+        self.typed_async(OpKind::AllGather, ReduceOp::Sum, 0, buf)
+    }
+    /// Asynchronous in-place reduce-scatter (result at block `rank` of `buf`).
+    pub fn reduce_scatter_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        self.typed_async(OpKind::ReduceScatter, op, 0, buf)
+    }
+    /// Asynchronous barrier.
+    pub fn barrier_async(&self) -> Work<()> {
+        self.spawn(|core, t| {
+            core.collective_at(t, CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), None, &mut [])
+        })
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Finish queued async work first: its tickets precede nothing else.
+        if let Some((sender, handle)) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            drop(sender);
+            let _ = handle.join();
+        }
+    }
+}

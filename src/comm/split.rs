@@ -1,0 +1,146 @@
+//! `Communicator::split`: sub-communicators by color, ordered by key (NCCL's
+//! `ncclCommSplit`, MPI's `MPI_Comm_split`).
+//!
+//! The parent all-gathers every rank's (color, key) through its own collectives;
+//! ranks of one color form a group, ranked by (key, parent rank). A group built
+//! over a store connects under `{parent prefix}/split{n}/c{color}` with its own
+//! claims, nonce, id and links; a group of threads (`Communicator::in_process`)
+//! gets its own in-memory links. Either way the child is independent of its parent
+//! and its siblings: all may run calls at the same time.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use super::builder::{comm_id, connect};
+use super::{Communicator, Origin};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::executor::WaitPolicy;
+use crate::transport::loopback::LoopbackLink;
+use crate::transport::Link;
+
+/// One row of an in-process mesh: this rank's links to every other rank.
+type Row = Vec<Option<LoopbackLink>>;
+/// A sub-group being formed: its shared state and the rows not yet taken.
+type Forming = (Arc<InProcGroup>, Vec<Option<Row>>);
+
+/// What the threads of one in-process group share: how to make sub-groups.
+pub(super) struct InProcGroup {
+    /// Namespace of this group (sub-groups extend it), unique in the process.
+    prefix: String,
+    /// Random bytes of this process's first group: ids of groups of this process
+    /// differ from those of another process with the same prefixes.
+    nonce: [u8; 16],
+    cfg: Config,
+    /// Meshes of sub-groups being formed, by prefix: the first member to arrive
+    /// creates the mesh; each takes its row; the last removes the entry.
+    forming: Mutex<HashMap<String, Forming>>,
+}
+
+impl InProcGroup {
+    pub(super) fn new(prefix: String, nonce: [u8; 16], cfg: Config) -> InProcGroup {
+        InProcGroup { prefix, nonce, cfg, forming: Mutex::new(HashMap::new()) }
+    }
+
+    /// The id of this group's communicators.
+    pub(super) fn id(&self) -> u32 {
+        comm_id(&self.prefix, &self.nonce)
+    }
+
+    /// Rank `rank` of the `world`-rank sub-group `name`.
+    fn join(&self, name: &str, rank: usize, world: usize) -> Result<Communicator> {
+        let (group, row) = {
+            let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
+            let (group, rows) = forming.entry(name.to_string()).or_insert_with(|| {
+                let prefix = format!("{}/{name}", self.prefix);
+                let group = Arc::new(InProcGroup::new(prefix, self.nonce, self.cfg.clone()));
+                (group, LoopbackLink::mesh(world).into_iter().map(Some).collect())
+            });
+            let row = match rows.get_mut(rank).and_then(Option::take) {
+                Some(row) if rows.len() == world => row,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "in-process split {name}: rank {rank} of {world} does not fit the group being formed"
+                    )))
+                }
+            };
+            let group = group.clone();
+            if rows.iter().all(Option::is_none) {
+                forming.remove(name);
+            }
+            (group, row)
+        };
+        let links = row.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
+        let mut cfg = group.cfg.clone();
+        cfg.rank = rank;
+        cfg.world_size = world;
+        let wait = WaitPolicy::for_ranks(world);
+        let mut comm = Communicator::from_links(rank, world, links, group.id(), &cfg, wait);
+        comm.origin = Origin::InProcess(group);
+        Ok(comm)
+    }
+}
+
+/// Sentinel of "no color" in the all-gathered table.
+const NO_COLOR: i64 = -1;
+
+impl Communicator {
+    /// Split this communicator (collective: every rank calls it, in the same
+    /// order relative to its other calls). Ranks passing the same `color` form a
+    /// new communicator, ranked by `(key, rank in this communicator)`; `None`
+    /// (MPI's `MPI_UNDEFINED`) joins no group and returns `Ok(None)`.
+    ///
+    /// The new communicator has its own id and links and may be used at the same
+    /// time as this one and as its siblings. Needs a communicator built from a
+    /// store or with [`Communicator::in_process`]; one made with
+    /// [`Communicator::from_links`] cannot be split.
+    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
+        let (rank, world) = (self.rank(), self.world_size());
+        if matches!(self.origin, Origin::Links) {
+            return Err(Error::Unsupported(format!(
+                "rank {rank}: split needs a communicator built from a store or in_process, not from_links"
+            )));
+        }
+        // Counted on every rank in the same order, since split is collective.
+        let n = self.splits.fetch_add(1, Ordering::Relaxed);
+        let mine = [color.map_or(NO_COLOR, i64::from), i64::from(key)];
+        let mut table = vec![0i64; 2 * world];
+        self.all_gather(&mine, &mut table)?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members = Vec::new();
+        for (r, entry) in table.chunks_exact(2).enumerate() {
+            let (c, k) = (entry[0], entry[1]);
+            // Peers' entries arrive over links: check them before trusting them.
+            let valid = (c == NO_COLOR || u32::try_from(c).is_ok()) && u32::try_from(k).is_ok();
+            if !valid {
+                return Err(Error::Protocol {
+                    ctx: crate::error::OpContext { rank, call: None, seq: n },
+                    peer: r,
+                    detail: format!("split entry (color {c}, key {k}) is not a u32 pair"),
+                });
+            }
+            if c == i64::from(color) {
+                members.push((k, r));
+            }
+        }
+        members.sort_unstable();
+        let new_rank = members.iter().position(|&(_, r)| r == rank).ok_or_else(|| {
+            Error::InvalidArgument(format!("rank {rank}: split all-gather lost this rank's own color {color}"))
+        })?;
+        let sub_world = members.len();
+        let name = format!("split{n}/c{color}");
+        tracing::debug!(rank, color, key, new_rank, sub_world, name, "split");
+        let child = match &self.origin {
+            Origin::Store(o) => {
+                let mut cfg = o.cfg.clone();
+                cfg.rank = new_rank;
+                cfg.world_size = sub_world;
+                connect(cfg, o.store.clone(), format!("{}/{name}", o.prefix), o.label.clone())?
+            }
+            Origin::InProcess(group) => group.join(&name, new_rank, sub_world)?,
+            Origin::Links => unreachable!("checked above"),
+        };
+        Ok(Some(child))
+    }
+}

@@ -1,0 +1,262 @@
+//! Abort that cannot hang: `Communicator::abort` from another thread cuts a long
+//! all-reduce short on every rank within the 1 s of issue 15 over every transport,
+//! refuses queued and later calls at once, and a panic inside a call leaves an
+//! error for the next call instead of a hang.
+
+mod common;
+
+use std::io;
+use std::os::fd::RawFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use braid::transport::loopback::LoopbackLink;
+use braid::transport::{Link, TransportKind};
+use braid::{Communicator, Config, Error, ReduceOp};
+use common::{comms, on_ranks, Net};
+
+/// The bound issue 15 sets for an abort to reach every rank.
+const BOUND: Duration = Duration::from_secs(1);
+/// 64 MiB of f32.
+const ELEMS: usize = 16 << 20;
+
+/// Rank 0 aborts from a second thread while every rank loops 64 MiB all-reduces.
+fn abort_mid_all_reduce(net: Net) {
+    let world = 3;
+    let aborted_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let all_returned = Arc::new(Barrier::new(world));
+    let at = aborted_at.clone();
+    let out = on_ranks(comms(net, world, Duration::from_secs(60)), move |c| {
+        let mut buf = vec![1.0f32; ELEMS];
+        let (err, returned, done) = std::thread::scope(|s| {
+            if c.rank() == 0 {
+                let at = at.clone();
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(400));
+                    *at.lock().unwrap() = Some(Instant::now());
+                    c.abort();
+                });
+            }
+            let mut done = 0u32;
+            loop {
+                match c.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+                    Ok(()) => {
+                        // Each finished all-reduce triples every element: exact in f32.
+                        done += 1;
+                        let want = 3f32.powi(done as i32);
+                        assert!(buf.iter().all(|v| *v == want), "rank {}: all-reduce {done}", c.rank());
+                    }
+                    Err(e) => break (e, Instant::now(), done),
+                }
+            }
+        });
+        // Calls after the abort fail at once, without running.
+        let t = Instant::now();
+        let later = c.barrier().unwrap_err();
+        let later_took = t.elapsed();
+        // Keep every buffer alive until no rank is inside a call any more.
+        all_returned.wait();
+        (err, returned, done, later, later_took)
+    });
+    let t_abort = aborted_at.lock().unwrap().expect("rank 0 aborted");
+    for (rank, (err, returned, done, later, later_took)) in out.iter().enumerate() {
+        let latency = returned.saturating_duration_since(t_abort);
+        println!("{net:?}: rank {rank} returned {latency:?} after abort() ({done} all-reduces done): {err}");
+        assert!(latency < BOUND, "{net:?}: rank {rank} took {latency:?} after abort(): {err}");
+        if rank == 0 {
+            assert!(matches!(err, Error::Aborted { rank: 0, call: Some(_) }), "{err}");
+            assert!(matches!(later, Error::Aborted { rank: 0, .. }), "{later}");
+        } else {
+            // Told by rank 0's abort frame (or, had it been mid-frame, by its closed link).
+            let told = matches!(err, Error::PeerAborted { .. } | Error::PeerLost { .. });
+            assert!(told && err.to_string().contains("rank 0"), "{net:?}: rank {rank}: {err}");
+            assert!(matches!(later, Error::Broken(_)), "{later}");
+        }
+        assert!(*later_took < BOUND, "a call after the abort took {later_took:?}");
+    }
+}
+
+#[test]
+fn abort_during_a_64_mib_all_reduce_returns_on_every_rank_within_a_second_inproc() {
+    abort_mid_all_reduce(Net::InProc);
+}
+
+#[test]
+fn abort_during_a_64_mib_all_reduce_returns_on_every_rank_within_a_second_shm() {
+    abort_mid_all_reduce(Net::Shm);
+}
+
+#[test]
+fn abort_during_a_64_mib_all_reduce_returns_on_every_rank_within_a_second_tcp() {
+    abort_mid_all_reduce(Net::Tcp);
+}
+
+#[test]
+fn abort_refuses_queued_async_work_and_calls_waiting_for_their_turn() {
+    for net in [Net::InProc, Net::Tcp] {
+        let mut cs = comms(net, 2, Duration::from_secs(60));
+        // Rank 1 never calls: rank 0's first all-reduce waits for it, the rest queue.
+        let idle = cs.pop().unwrap();
+        let c = Arc::new(cs.pop().unwrap());
+        let works: Vec<_> = (0..4).map(|k| c.all_reduce_async(vec![k as f32; 1 << 16], ReduceOp::Sum)).collect();
+        let waiter = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4];
+                let r = c.broadcast(&mut b, 1);
+                (r, Instant::now())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        c.abort();
+        assert!(c.is_aborted());
+        for (k, w) in works.into_iter().enumerate() {
+            let e = w.wait().unwrap_err();
+            assert!(matches!(e, Error::Aborted { rank: 0, .. }), "{net:?}: work {k}: {e}");
+        }
+        let (r, at) = waiter.join().unwrap();
+        assert!(matches!(r, Err(Error::Aborted { rank: 0, .. })), "{net:?}: {r:?}");
+        let took = at.saturating_duration_since(t0).max(t0.elapsed());
+        println!("{net:?}: queued work and waiting call refused {took:?} after abort()");
+        assert!(took < BOUND, "{net:?}: {took:?}");
+        // The peer learns of it: its matching call fails naming rank 0 instead of
+        // waiting 60 s (rank 0 may have sent part of its data before the abort frame).
+        let t1 = Instant::now();
+        let e = idle.all_reduce_in_place(&mut vec![0f32; 1 << 16], ReduceOp::Sum).unwrap_err();
+        assert!(matches!(e, Error::PeerAborted { peer: 0, .. } | Error::PeerLost { peer: 0, .. }), "{net:?}: {e}");
+        assert!(t1.elapsed() < BOUND, "{net:?}: peer took {:?}", t1.elapsed());
+    }
+}
+
+/// A link whose writes block until released, then panic.
+struct PanickingLink {
+    inner: LoopbackLink,
+    entered: Arc<AtomicBool>,
+    release: Arc<AtomicBool>,
+}
+
+impl Link for PanickingLink {
+    fn peer(&self) -> usize {
+        self.inner.peer()
+    }
+    fn kind(&self) -> TransportKind {
+        TransportKind::InProcess
+    }
+    fn try_write(&mut self, _bufs: &[&[u8]]) -> io::Result<usize> {
+        self.entered.store(true, Ordering::SeqCst);
+        while !self.release.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("link to rank 1 exploded");
+    }
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.try_read(buf)
+    }
+    fn poll_fd(&self) -> Option<RawFd> {
+        None
+    }
+    fn close(&mut self) {
+        self.inner.close()
+    }
+}
+
+#[test]
+fn a_panic_inside_a_call_is_an_error_for_the_next_calls_not_a_hang() {
+    let (mine, _theirs) = LoopbackLink::pair(0, 1, 1 << 16);
+    let entered = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(AtomicBool::new(false));
+    let link = PanickingLink { inner: mine, entered: entered.clone(), release: release.clone() };
+    let links: Vec<Option<Box<dyn Link>>> = vec![None, Some(Box::new(link))];
+    let cfg = Config::new(0, 2);
+    let comm = Arc::new(Communicator::from_links(0, 2, links, 9, &cfg, braid::executor::WaitPolicy::for_ranks(2)));
+    let first = {
+        let comm = comm.clone();
+        std::thread::spawn(move || {
+            catch_unwind(AssertUnwindSafe(|| comm.all_reduce_in_place(&mut [1.0f32; 8], ReduceOp::Sum)))
+        })
+    };
+    while !entered.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Queued behind the call that is about to panic.
+    let queued = comm.barrier_async();
+    release.store(true, Ordering::SeqCst);
+    let caught = first.join().unwrap();
+    let payload = caught.expect_err("the first call panics");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"link to rank 1 exploded"));
+    let t = Instant::now();
+    let e = queued.wait().unwrap_err();
+    assert!(matches!(&e, Error::Broken(why) if why.contains("link to rank 1 exploded")), "{e}");
+    let e = comm.broadcast(&mut [0u8; 4], 0).unwrap_err();
+    assert!(matches!(&e, Error::Broken(why) if why.contains("panicked")), "{e}");
+    assert!(t.elapsed() < BOUND, "{:?}", t.elapsed());
+}
+
+/// Run `f` on a thread; None when it has not returned within `limit` (a hang).
+fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+#[test]
+fn an_async_call_refused_for_its_arguments_does_not_stall_later_calls() {
+    let cs = comms(Net::InProc, 2, Duration::from_secs(20));
+    let out = within(Duration::from_secs(10), move || {
+        on_ranks(cs, |c| {
+            // 3 elements do not split into 2 blocks: refused before it reaches the links.
+            let e = c.all_gather_async(vec![1i32; 3]).wait().unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            c.barrier().is_ok()
+        })
+    });
+    assert_eq!(out.expect("later calls must not hang"), vec![true, true]);
+}
+
+#[test]
+fn a_count_whose_byte_size_overflows_is_refused_and_later_calls_run() {
+    let cs = comms(Net::InProc, 2, Duration::from_secs(20));
+    let out = within(Duration::from_secs(10), move || {
+        on_ranks(cs, |c| {
+            let huge = braid::CallSig::new(braid::OpKind::AllGather, braid::DType::F32, 1 << 62, 0, ReduceOp::Sum);
+            let e = c.collective_bytes(huge, Some(&[]), &mut []).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            let mut v = vec![c.rank() as i64; 4];
+            c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            v
+        })
+    });
+    assert_eq!(out.expect("later calls must not hang"), vec![vec![1i64; 4]; 2]);
+}
+
+#[test]
+fn a_panic_inside_an_async_call_fails_it_and_the_calls_queued_behind_it() {
+    let (mine, _theirs) = LoopbackLink::pair(0, 1, 1 << 16);
+    let entered = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(AtomicBool::new(false));
+    let link = PanickingLink { inner: mine, entered: entered.clone(), release: release.clone() };
+    let links: Vec<Option<Box<dyn Link>>> = vec![None, Some(Box::new(link))];
+    let cfg = Config::new(0, 2);
+    let comm = Communicator::from_links(0, 2, links, 9, &cfg, braid::executor::WaitPolicy::for_ranks(2));
+    let out = within(Duration::from_secs(10), move || {
+        let first = comm.all_reduce_async(vec![1.0f32; 8], ReduceOp::Sum);
+        while !entered.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let second = comm.barrier_async();
+        release.store(true, Ordering::SeqCst);
+        let e1 = first.wait().unwrap_err().to_string();
+        let e2 = second.wait().unwrap_err().to_string();
+        let e3 = comm.barrier().unwrap_err().to_string();
+        (e1, e2, e3)
+    });
+    let (e1, e2, e3) = out.expect("no call may wait for the one that panicked");
+    for e in [&e1, &e2, &e3] {
+        assert!(e.contains("link to rank 1 exploded"), "{e}");
+    }
+}
