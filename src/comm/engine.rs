@@ -129,25 +129,27 @@ impl Engine {
             wait: self.wait,
             aborted: self.aborted.clone(),
         };
-        let mut result =
-            executor::execute(schedule, &mut self.channels, &mut self.queues, bufs, &info).and_then(|()| {
-                if sig.reduce_op == ReduceOp::Avg && sig.op.reduces() {
-                    for r in &schedule.finalize {
-                        let (base, len) = match r.buf {
-                            BufId::Output => (bufs.output, bufs.output_len),
-                            BufId::Input => (bufs.input as *mut u8, bufs.input_len),
-                            BufId::Scratch => (bufs.scratch.as_mut_ptr(), bufs.scratch.len()),
-                        };
-                        if r.end() > len {
-                            return Err(Error::InvalidArgument(format!("finalize region {r:?} out of bounds")));
-                        }
-                        // SAFETY: in-bounds region of a live buffer; no other view is alive.
-                        let s = unsafe { std::slice::from_raw_parts_mut(base.add(r.offset), r.len) };
-                        reduce::finalize(sig.dtype, sig.reduce_op, s, self.world)?;
+        // SAFETY: `bufs` comes from `collective`/`point_to_point`, whose pointers are
+        // the caller's live slices of the checked lengths, borrowed for this whole call.
+        let executed = unsafe { executor::execute(schedule, &mut self.channels, &mut self.queues, bufs, &info) };
+        let mut result = executed.and_then(|()| {
+            if sig.reduce_op == ReduceOp::Avg && sig.op.reduces() {
+                for r in &schedule.finalize {
+                    let (base, len) = match r.buf {
+                        BufId::Output => (bufs.output, bufs.output_len),
+                        BufId::Input => (bufs.input as *mut u8, bufs.input_len),
+                        BufId::Scratch => (bufs.scratch.as_mut_ptr(), bufs.scratch.len()),
+                    };
+                    if r.end() > len {
+                        return Err(Error::InvalidArgument(format!("finalize region {r:?} out of bounds")));
                     }
+                    // SAFETY: in-bounds region of a live buffer; no other view is alive.
+                    let s = unsafe { std::slice::from_raw_parts_mut(base.add(r.offset), r.len) };
+                    reduce::finalize(sig.dtype, sig.reduce_op, s, self.world)?;
                 }
-                Ok(())
-            });
+            }
+            Ok(())
+        });
         // A call that completed while abort() was being called still reports the
         // abort: after abort() no call on this rank claims success it may not share.
         if result.is_ok() && self.aborted.load(Ordering::Relaxed) {
@@ -162,8 +164,9 @@ impl Engine {
     /// Tell every peer why this rank stops, close the links, refuse later calls.
     pub(super) fn fail(&mut self, reason: String) {
         tracing::error!(rank = self.rank, "{reason}");
+        let give_up = std::time::Instant::now() + executor::CONTROL_GRACE;
         for ch in self.channels.iter_mut().flatten() {
-            ch.send_control_and_close(FrameKind::Abort, self.comm_id, self.epoch, &reason);
+            ch.send_control_and_close(FrameKind::Abort, self.comm_id, self.epoch, &reason, give_up);
         }
         self.broken = Some(reason);
     }
@@ -233,8 +236,9 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.notice_abort();
         if self.broken.is_none() {
+            let give_up = std::time::Instant::now() + executor::CONTROL_GRACE;
             for ch in self.channels.iter_mut().flatten() {
-                ch.send_control_and_close(FrameKind::Goodbye, self.comm_id, self.epoch, "");
+                ch.send_control_and_close(FrameKind::Goodbye, self.comm_id, self.epoch, "", give_up);
             }
         }
     }

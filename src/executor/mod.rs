@@ -63,6 +63,9 @@ const YIELD_PHASE: Duration = Duration::from_millis(2);
 /// With more ranks than cores, waiting ranks keep yielding (a peer that needs the
 /// core is likely runnable) for up to this long before they sleep.
 const LONG_IDLE: Duration = Duration::from_millis(100);
+/// How long a rank that fails or closes keeps trying to hand its peers an abort
+/// or goodbye frame through full links, all links together.
+pub const CONTROL_GRACE: Duration = Duration::from_millis(200);
 /// Longest an abort message may be.
 const MAX_REASON: usize = 64 << 10;
 
@@ -151,13 +154,14 @@ impl Channel {
 
     /// Best effort, bounded in time: send a control frame (abort or goodbye), then
     /// close the sending side. Used when this rank fails or closes.
-    pub fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str) {
+    /// `give_up` is shared by all the channels a rank closes at once, so closing
+    /// many full links still takes at most [`CONTROL_GRACE`] in all.
+    pub fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str, give_up: Instant) {
         if self.tx_at_boundary {
             let payload = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
             let hdr = Header::control(kind, comm_id, epoch, payload.len() as u32).encode();
             let total = HEADER_LEN + payload.len();
             let mut sent = 0;
-            let give_up = Instant::now() + Duration::from_millis(200);
             while sent < total && Instant::now() < give_up {
                 match self.link.try_write(&frame_parts(&hdr, payload, 0, sent)) {
                     Ok(0) => std::thread::yield_now(),
@@ -310,7 +314,14 @@ pub struct Queues {
 unsafe impl Send for Queues {}
 
 /// Run `schedule` over `channels` (indexed by peer rank) with `bufs`.
-pub fn execute(
+///
+/// # Safety
+/// `bufs.input` must be valid for reads of `bufs.input_len` bytes and `bufs.output`
+/// for reads and writes of `bufs.output_len` bytes for the whole call, and nothing
+/// else may access them meanwhile (input and output may alias only as the in-place
+/// layouts of the communicator say). Every region the schedule names is bounds-checked
+/// against these lengths; the pointers themselves cannot be.
+pub unsafe fn execute(
     schedule: &Schedule,
     channels: &mut [Option<Channel>],
     queues: &mut Queues,

@@ -187,7 +187,7 @@ pub struct TcpStoreServer {
 }
 
 impl TcpStoreServer {
-    /// Listen on `addr` ("HOST:PORT", "[::1]:0" for IPv6; port 0 picks a free port),
+    /// Listen on `addr` ("HOST:PORT", `"[::1]:0"` for IPv6; port 0 picks a free port),
     /// serving only clients that prove `key`, with the default [`StoreLimits`].
     pub fn bind(addr: &str, key: JobKey) -> Result<TcpStoreServer> {
         TcpStoreServer::bind_with(addr, key, StoreLimits::default())
