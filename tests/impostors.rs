@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use braid::auth::JobKey;
 use braid::bootstrap::{Store, TcpStore, TcpStoreServer};
