@@ -254,7 +254,9 @@ mod tests {
         assert_eq!(peer.slice(40, 4).unwrap(), &3.5f32.to_le_bytes());
         assert!(peer.slice(3999, 8).is_none());
         drop(b);
-        assert!(lookup(addr, 4).is_none());
+        // Tests run in parallel: another test's new buffer may be mapped at the freed
+        // address at once, so what must be gone is this segment, not the address.
+        assert!(lookup(addr, 4).is_none_or(|(n, _)| n != name), "{name} is still registered after its drop");
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
         assert!(PeerSegment::open("../etc/passwd").is_err());
     }
