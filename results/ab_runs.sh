@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# A/B of two braid builds, alternating: all-reduce f32 sum in place, 2 ranks, at
+# 4 KiB, 1 MiB and 64 MiB over shared memory and TCP. Each round runs A then B (B
+# then A on odd rounds) for every configuration; results/ab_summarize.py takes the
+# per-size medians. Usage: A=old/braid B=new/braid ROUNDS=5 OUT=/tmp/ab results/ab_runs.sh
+set -u
+A=${A:?path of build A}
+B=${B:?path of build B}
+ROUNDS=${ROUNDS:-5}
+OUT=${OUT:-/tmp/braid-ab}
+mkdir -p "$OUT"
+one() { # build label transport size iters round
+  local bin=$1 label=$2 t=$3 s=$4 iters=$5 r=$6
+  "$bin" perf --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
+    --json "$OUT/$label-$t-$s-r$r.jsonl" > /dev/null 2>&1 || echo "FAILED $label $t $s round $r"
+}
+for r in $(seq 1 "$ROUNDS"); do
+  for cfg in "shm 4K 5000" "shm 1M 600" "shm 64M 30" "tcp 4K 5000" "tcp 1M 400" "tcp 64M 16"; do
+    set -- $cfg
+    if [ $((r % 2)) = 1 ]; then one "$A" A "$@" "$r"; one "$B" B "$@" "$r"
+    else one "$B" B "$@" "$r"; one "$A" A "$@" "$r"; fi
+  done
+  echo "round $r done $(date -u +%H:%M:%S)"
+done
