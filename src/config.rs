@@ -5,7 +5,7 @@
 //! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK` | who this process is |
 //! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT` or `file:///PATH` |
 //! | `BRAID_ALGO` | force an algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto` |
-//! | `BRAID_TRANSPORTS` | comma list restricting transports (`tcp`, `inproc`) |
+//! | `BRAID_TRANSPORTS` | comma list restricting transports (`shm`, `tcp`; `cuda`, `rdma` refused with the reason) |
 //! | `BRAID_SOCKET_IFNAME` | interfaces for TCP, NCCL syntax: `eth`, `^docker`, `=eth0` |
 //! | `BRAID_TIMEOUT` | deadline of every wait: `30`, `500ms`, `5m` (default 60 s) |
 //! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |

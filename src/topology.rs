@@ -134,6 +134,8 @@ pub fn can_connect(topo: &Topology, kind: TransportKind, a: usize, b: usize) -> 
         TransportKind::Tcp => true,
         // Threads of one process are set up by the communicator, not per pair.
         TransportKind::InProcess => false,
+        // Not available yet: `TransportKind::available` says why.
+        TransportKind::Cuda | TransportKind::Rdma => false,
     }
 }
 
@@ -151,7 +153,18 @@ pub fn choose_transports(
     if rank >= world {
         return Err(Error::InvalidArgument(format!("rank {rank} is not below world size {world}")));
     }
-    let is_allowed = |k: &TransportKind| allowed.is_none_or(|list| list.contains(k));
+    // Transports this build or machine cannot run are dropped, saying why at debug
+    // level; when nothing allowed is left, the error says why for each.
+    if let Some(list) = allowed {
+        let why: Vec<String> = list.iter().filter_map(|k| k.available().err()).collect();
+        for w in &why {
+            tracing::debug!(rank, "{w}");
+        }
+        if !list.is_empty() && why.len() == list.len() {
+            return Err(Error::Unsupported(format!("rank {rank}: {}", why.join("; "))));
+        }
+    }
+    let is_allowed = |k: &TransportKind| allowed.is_none_or(|list| list.contains(k)) && k.available().is_ok();
     let choice: Vec<Option<TransportKind>> = (0..world)
         .map(|p| {
             if p == rank {
@@ -500,5 +513,17 @@ mod tests {
         assert_eq!(t.host_of, vec![0, 1]);
         assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
         let _ = std::fs::remove_file(&fifo);
+    }
+
+    #[test]
+    fn unavailable_transports_are_dropped_and_alone_are_an_error_saying_why() {
+        let topo = Topology::single_host(0, 2);
+        let err = choose_transports(&topo, 0, Some(&[TransportKind::Cuda])).unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)) && err.to_string().contains("cuda transport"), "{err}");
+        let err = choose_transports(&topo, 1, Some(&[TransportKind::Rdma, TransportKind::Cuda])).unwrap_err();
+        assert!(err.to_string().contains("rdma") && err.to_string().contains("cuda"), "{err}");
+        let mixed = choose_transports(&topo, 0, Some(&[TransportKind::Cuda, TransportKind::Tcp])).unwrap();
+        assert_eq!(mixed, vec![None, Some(TransportKind::Tcp)]);
+        assert_eq!(choose_transports(&topo, 0, None).unwrap(), vec![None, Some(TransportKind::Shm)]);
     }
 }

@@ -203,6 +203,17 @@ fn perf_without_check_says_nothing_was_checked() {
 }
 
 #[test]
+fn perf_over_an_unavailable_transport_says_why_in_one_line() {
+    for (transport, why) in [("cuda", "cuda transport"), ("rdma", "rdma transport")] {
+        let out = Command::new(BRAID).args(["perf", "--transport", transport, "--max-bytes", "4K"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{transport}: must fail");
+        assert_eq!(err.trim().lines().count(), 1, "{transport}: one line, not a backtrace: {err}");
+        assert!(err.contains(why) && !err.contains("panicked"), "{transport}: {err}");
+    }
+}
+
+#[test]
 fn perf_writes_json_lines() {
     let dir = std::env::temp_dir().join(format!("braid-perf-json-{}", std::process::id()));
     let _ = std::fs::remove_file(&dir);

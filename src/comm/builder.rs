@@ -33,9 +33,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::executor::WaitPolicy;
 use crate::topology;
-use crate::transport::shm::{self, connect_shm, ShmOptions};
-use crate::transport::tcp::{connect_mesh, MeshOptions};
-use crate::transport::{Link, TransportKind};
+use crate::transport::{self, ConnectRequest, Link, TransportKind};
 
 /// Bytes of the per-communicator nonce.
 const NONCE_LEN: usize = 16;
@@ -246,31 +244,23 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     let kinds = topology::choose_transports(&topo, cfg.rank, cfg.transports.as_deref())?;
     let wanted = |k: TransportKind| kinds.iter().map(|t| *t == Some(k)).collect::<Vec<bool>>();
     let mut links: Vec<Option<Box<dyn Link>>> = (0..cfg.world_size).map(|_| None).collect();
-    let shm_peers = wanted(TransportKind::Shm);
-    if shm_peers.iter().any(|b| *b) {
-        let mut opts = ShmOptions::new(cfg.rank, cfg.world_size, "shm");
-        opts.peers = shm_peers;
-        opts.timeout = cfg.timeout;
-        opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(topo.local_size));
-        opts.cma = crate::executor::single_copy::cma_for_plain_buffers();
-        opts.key = cfg.job_key.clone();
-        for (p, l) in connect_shm(&opts, &scoped)?.into_iter().enumerate() {
-            if let Some(l) = l {
-                links[p] = Some(Box::new(l));
-            }
+    for kind in topology::TRANSPORT_PREFERENCE {
+        let peers = wanted(kind);
+        if !peers.iter().any(|b| *b) {
+            continue;
         }
-    }
-    let tcp_peers = wanted(TransportKind::Tcp);
-    if tcp_peers.iter().any(|b| *b) {
-        let mut opts = MeshOptions::new(cfg.rank, cfg.world_size, "mesh");
-        opts.ifname = cfg.socket_ifname.clone();
-        opts.timeout = cfg.timeout;
-        opts.comm_id = comm_id as u64;
-        opts.peers = Some(tcp_peers);
-        opts.key = cfg.job_key.clone();
-        for (p, l) in connect_mesh(&opts, &scoped)?.into_iter().enumerate() {
-            if let Some(l) = l {
-                links[p] = Some(Box::new(l));
+        let req = ConnectRequest {
+            rank: cfg.rank,
+            world: cfg.world_size,
+            peers,
+            store: &scoped,
+            comm_id,
+            local_ranks: topo.local_size,
+            config: &cfg,
+        };
+        for (p, l) in transport::connect(kind, &req)?.into_iter().enumerate() {
+            if l.is_some() {
+                links[p] = l;
             }
         }
     }

@@ -13,6 +13,10 @@ pub mod tcp;
 
 use std::fmt;
 use std::io;
+
+use crate::bootstrap::Store;
+use crate::config::Config;
+use crate::error::{Error, Result};
 use std::os::fd::RawFd;
 use std::str::FromStr;
 
@@ -25,16 +29,93 @@ pub enum TransportKind {
     Tcp,
     /// Processes of one host, through rings in a shared-memory segment.
     Shm,
+    /// GPU memory through CUDA (peer copies, IPC handles, host staging). Not yet available.
+    Cuda,
+    /// RDMA verbs (InfiniBand, RoCE). Not yet available.
+    Rdma,
 }
 
 impl TransportKind {
-    /// Lower-case name (`inproc`, `tcp`, `shm`).
+    /// Lower-case name (`inproc`, `tcp`, `shm`, `cuda`, `rdma`).
     pub const fn name(self) -> &'static str {
         match self {
             TransportKind::InProcess => "inproc",
             TransportKind::Tcp => "tcp",
             TransportKind::Shm => "shm",
+            TransportKind::Cuda => "cuda",
+            TransportKind::Rdma => "rdma",
         }
+    }
+
+    /// Whether this build and this machine can set up links of this kind; the
+    /// error says why not in one line (the feature is off, or no driver/device).
+    pub fn available(self) -> Result<(), String> {
+        match self {
+            TransportKind::InProcess | TransportKind::Tcp | TransportKind::Shm => Ok(()),
+            TransportKind::Cuda if !cfg!(feature = "cuda") => {
+                Err("the cuda transport is not in this build (build braid with `--features cuda`)".into())
+            }
+            TransportKind::Rdma if !cfg!(feature = "rdma") => {
+                Err("the rdma transport is not in this build (build braid with `--features rdma`)".into())
+            }
+            TransportKind::Cuda | TransportKind::Rdma => {
+                Err(format!("the {} transport is not implemented yet in this version of braid", self.name()))
+            }
+        }
+    }
+}
+
+/// What a transport needs to link this rank with some of its peers.
+pub struct ConnectRequest<'a> {
+    /// This rank, `0..world`.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// The peers to link with this transport (`world` entries; false at `rank`).
+    pub peers: Vec<bool>,
+    /// The communicator's store namespace, where endpoints are exchanged.
+    pub store: &'a dyn Store,
+    /// The communicator id (TCP handshakes carry it).
+    pub comm_id: u32,
+    /// How many ranks of the communicator share this host.
+    pub local_ranks: usize,
+    /// Timeout, job key, interface filter, ring sizes.
+    pub config: &'a Config,
+}
+
+/// Links of kind `kind` to every peer marked in `req.peers` (`None` elsewhere).
+///
+/// One entry point per transport: the communicator asks each transport in turn for
+/// the peers the topology gave it, and knows nothing of how a transport connects.
+pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<Box<dyn Link>>>> {
+    kind.available().map_err(Error::Unsupported)?;
+    fn boxed<L: Link + 'static>(links: Vec<Option<L>>) -> Vec<Option<Box<dyn Link>>> {
+        links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect()
+    }
+    let cfg = req.config;
+    match kind {
+        TransportKind::Shm => {
+            let mut opts = shm::ShmOptions::new(req.rank, req.world, "shm");
+            opts.peers = req.peers.clone();
+            opts.timeout = cfg.timeout;
+            opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(req.local_ranks));
+            opts.cma = crate::executor::single_copy::cma_for_plain_buffers();
+            opts.key = cfg.job_key.clone();
+            Ok(boxed(shm::connect_shm(&opts, req.store)?))
+        }
+        TransportKind::Tcp => {
+            let mut opts = tcp::MeshOptions::new(req.rank, req.world, "mesh");
+            opts.ifname = cfg.socket_ifname.clone();
+            opts.timeout = cfg.timeout;
+            opts.comm_id = req.comm_id as u64;
+            opts.peers = Some(req.peers.clone());
+            opts.key = cfg.job_key.clone();
+            Ok(boxed(tcp::connect_mesh(&opts, req.store)?))
+        }
+        TransportKind::InProcess => Err(Error::InvalidArgument(
+            "in-process links join threads of one process: use Communicator::in_process".into(),
+        )),
+        TransportKind::Cuda | TransportKind::Rdma => unreachable!("available() refused {kind}"),
     }
 }
 
@@ -51,7 +132,9 @@ impl FromStr for TransportKind {
             "inproc" | "in-process" | "loopback" | "threads" => Ok(TransportKind::InProcess),
             "tcp" => Ok(TransportKind::Tcp),
             "shm" => Ok(TransportKind::Shm),
-            other => Err(format!("unknown transport `{other}` (expected tcp, shm or inproc)")),
+            "cuda" => Ok(TransportKind::Cuda),
+            "rdma" | "ib" | "verbs" => Ok(TransportKind::Rdma),
+            other => Err(format!("unknown transport `{other}` (expected tcp, shm, inproc, cuda or rdma)")),
         }
     }
 }

@@ -48,7 +48,8 @@ pub struct PerfArgs {
     /// Algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto`.
     #[arg(long, default_value = "auto")]
     pub algo: String,
-    /// Transport: `auto` (processes over TCP), `tcp`, or `inproc` (threads of one process).
+    /// Transport: `auto` (shared memory within a host, TCP across), `shm`, `tcp`,
+    /// `inproc` (threads of one process); `cuda` and `rdma` say why they cannot run.
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Separate input and output buffers (default: in place).
@@ -83,9 +84,20 @@ pub fn main(args: PerfArgs) -> i32 {
     if transport == "inproc" {
         return threads(args);
     }
-    if !["auto", "tcp", "shm"].contains(&transport.as_str()) {
-        eprintln!("braid perf: unknown transport `{transport}` (expected auto, shm, tcp or inproc)");
-        return 2;
+    if transport != "auto" {
+        match transport.parse::<TransportKind>() {
+            Err(e) => {
+                eprintln!("braid perf: {e}");
+                return 2;
+            }
+            // Said once here, not by every rank after launching them.
+            Ok(kind) => {
+                if let Err(why) = kind.available() {
+                    eprintln!("braid perf: {why}");
+                    return 2;
+                }
+            }
+        }
     }
     match Config::from_env() {
         Ok(cfg) => one_rank(args, cfg),
@@ -111,10 +123,8 @@ pub fn main(args: PerfArgs) -> i32 {
 }
 
 fn one_rank(args: PerfArgs, mut cfg: Config) -> i32 {
-    match args.transport.to_ascii_lowercase().as_str() {
-        "tcp" => cfg.transports = Some(vec![TransportKind::Tcp]),
-        "shm" => cfg.transports = Some(vec![TransportKind::Shm]),
-        _ => {}
+    if let Ok(kind) = args.transport.parse::<TransportKind>() {
+        cfg.transports = Some(vec![kind]);
     }
     let rank = cfg.rank;
     let result = braid::CommunicatorBuilder::from_config(cfg).build().and_then(|comm| sweep(&comm, &args));
@@ -317,7 +327,7 @@ fn check(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
 
 /// Name of a transport code from the gather in [`sweep`] (0: no link).
 fn transport_label(code: u8) -> &'static str {
-    [TransportKind::InProcess, TransportKind::Tcp, TransportKind::Shm]
+    [TransportKind::InProcess, TransportKind::Tcp, TransportKind::Shm, TransportKind::Cuda, TransportKind::Rdma]
         .into_iter()
         .find(|k| *k as u8 + 1 == code)
         .map_or("none", |k| k.name())
