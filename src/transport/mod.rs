@@ -5,6 +5,7 @@
 //! wait for readiness (a pollable file descriptor, or nothing, in which case the
 //! executor spins, yields and then sleeps briefly).
 
+pub mod devices;
 pub mod ifaces;
 pub mod loopback;
 pub mod ring;
@@ -59,6 +60,14 @@ impl TransportKind {
                 Err("the rdma transport is not in this build (build braid with `--features rdma`)".into())
             }
             TransportKind::Cuda | TransportKind::Rdma => {
+                #[cfg(feature = "cuda")]
+                if self == TransportKind::Cuda {
+                    devices::cuda_devices().map_err(|why| format!("the cuda transport cannot run: {why}"))?;
+                }
+                #[cfg(feature = "rdma")]
+                if self == TransportKind::Rdma {
+                    devices::rdma_devices().map_err(|why| format!("the rdma transport cannot run: {why}"))?;
+                }
                 Err(format!("the {} transport is not implemented yet in this version of braid", self.name()))
             }
         }
