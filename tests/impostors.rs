@@ -194,14 +194,29 @@ fn run_job_under_attack(transport: &str) {
         })
     };
 
+    // Both pipes of every rank are drained at once: the strangers make the ranks log
+    // a lot, and a rank blocked on a full stderr pipe would never finish its stdout.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let readers: Vec<_> = ranks
+        .iter_mut()
+        .map(|c| {
+            let out = drain(c.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+            let err = drain(c.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+            (out, err)
+        })
+        .collect();
     let mut outs = Vec::new();
-    for child in ranks.iter_mut() {
-        let mut out = String::new();
-        let mut err = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    for (child, (out, err)) in ranks.iter_mut().zip(readers) {
         let status = child.wait().unwrap();
-        outs.push((status, out, err));
+        outs.push((status, out.join().unwrap(), err.join().unwrap()));
     }
     stop.store(true, Ordering::Relaxed);
     let store_rounds = store_attacker.join().expect("store attacker assertion failed");
