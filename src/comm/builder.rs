@@ -252,7 +252,7 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
         opts.peers = shm_peers;
         opts.timeout = cfg.timeout;
         opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(topo.local_size));
-        opts.cma = crate::executor::single_copy::cma_for_plain_buffers();
+        opts.cma = crate::executor::stream::single_copy::cma_for_plain_buffers();
         opts.key = cfg.job_key.clone();
         for (p, l) in connect_shm(&opts, &scoped)?.into_iter().enumerate() {
             if let Some(l) = l {
