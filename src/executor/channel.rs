@@ -101,8 +101,8 @@ pub trait PeerChannel: Send {
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()>;
 
     /// Post a receive of `dst.len` bytes from the peer into `dst`, combined with
-    /// `reduce` if given. With `forward`, each piece pushes a gate onto it and
-    /// raises that gate as the piece becomes final.
+    /// `reduce` if given. With `forward` (receive-reduces only), each piece pushes a
+    /// gate onto it and raises that gate as the piece becomes final.
     fn post_recv(
         &mut self,
         dst: MemRegion,
@@ -130,13 +130,14 @@ pub trait PeerChannel: Send {
     fn end_call(&mut self);
 }
 
-/// The error a channel that moves only host memory returns for any other region.
-pub fn require_host(region: &MemRegion, what: &str, peer_kind: TransportKind) -> Result<()> {
+/// The error a channel that moves only host memory returns for any other region:
+/// `what` (e.g. "a send to") names the operation, `peer` and `kind` the link.
+pub fn require_host(region: &MemRegion, what: &str, peer: usize, kind: TransportKind, call: &CallInfo) -> Result<()> {
     match region.kind {
         MemKind::Host | MemKind::RegisteredHost => Ok(()),
         MemKind::Device => Err(Error::Unsupported(format!(
-            "{what} of {} bytes in device memory on a {peer_kind} link: stream channels move host memory only",
-            region.len
+            "{}: {what} rank {peer} of {} bytes is in device memory, and a {kind} link moves host memory only",
+            call.ctx, region.len
         ))),
     }
 }

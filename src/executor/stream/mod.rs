@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use super::channel::{require_host, MemRegion, PeerChannel, Readiness, Reduction};
 use super::{peer_error, CallInfo};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::frame::{FrameKind, Header, HEADER_LEN};
 use crate::registered::SegmentCache;
 use crate::transport::{Link, TransportKind};
@@ -136,7 +136,7 @@ impl PeerChannel for StreamChannel {
     }
 
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()> {
-        require_host(&src, "a send", self.link.kind())?;
+        require_host(&src, "a send to", self.link.peer(), self.link.kind(), call)?;
         queue_send(self, call, src.ptr as *const u8, src.len, first_gate);
         Ok(())
     }
@@ -146,11 +146,20 @@ impl PeerChannel for StreamChannel {
         dst: MemRegion,
         reduce: Option<Reduction>,
         mut forward: Option<&mut Vec<usize>>,
-        _call: &CallInfo,
+        call: &CallInfo,
     ) -> Result<()> {
-        require_host(&dst, "a receive", self.link.kind())?;
+        let (peer, kind) = (self.link.peer(), self.link.kind());
+        require_host(&dst, "a receive from", peer, kind, call)?;
         if let Some(r) = &reduce {
-            require_host(&r.src, "a reduction operand", self.link.kind())?;
+            require_host(&r.src, "the local operand of a receive-reduce from", peer, kind, call)?;
+        }
+        if forward.is_some() && reduce.is_none() {
+            // Only the reduce paths raise gates: a gated plain receive would hold its
+            // forward back for ever.
+            return Err(Error::InvalidArgument(format!(
+                "{}: a forward gated on a plain receive from rank {peer}; gates need a receive-reduce",
+                call.ctx
+            )));
         }
         let (base, s) = (dst.ptr, reduce.map(|r| r.src.ptr as *const u8));
         let (dtype, op) = reduce.map_or((DType::U8, ReduceOp::Sum), |r| (r.dtype, r.op));

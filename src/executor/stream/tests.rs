@@ -44,7 +44,9 @@ fn device_regions_are_refused_cleanly() {
     let mut buf = [0f32; 16];
     let dev = MemRegion { kind: MemKind::Device, ..host(&mut buf) };
     let unsupported = |r: crate::error::Result<()>| match r {
-        Err(Error::Unsupported(why)) => assert!(why.contains("device memory"), "{why}"),
+        Err(Error::Unsupported(why)) => {
+            assert!(why.contains("device memory") && why.contains("rank 1") && why.contains("rank 0"), "{why}")
+        }
         other => panic!("expected Unsupported, got {other:?}"),
     };
     unsupported(a.post_send(dev, None, &info));
@@ -52,6 +54,16 @@ fn device_regions_are_refused_cleanly() {
     let reduction = Reduction { src: dev, op: ReduceOp::Sum, dtype: DType::F32 };
     unsupported(a.post_recv(host(&mut buf), Some(reduction), None, &info));
     assert!(!a.busy(), "a refused request must leave nothing posted");
+}
+
+#[test]
+fn a_gate_on_a_plain_receive_is_refused() {
+    let (mut a, _b) = pair();
+    let mut buf = [0f32; 16];
+    let mut gates = Vec::new();
+    let r = a.post_recv(host(&mut buf), None, Some(&mut gates), &call(0, 16));
+    assert!(matches!(r, Err(Error::InvalidArgument(ref why)) if why.contains("receive-reduce")), "{r:?}");
+    assert!(gates.is_empty() && !a.busy());
 }
 
 /// Rank 0 sends x to rank 1, which reduces it into x + y and forwards the sum to
