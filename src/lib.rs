@@ -12,7 +12,8 @@
 //!     │
 //!   algorithm/  pure planners: plan(op, rank, world, count) -> Schedule  (no I/O, no clock)
 //!     │
-//!   executor    the one place a Schedule meets links: framing, pipelining, reduction
+//!   executor    the one place a Schedule meets the peers: rounds, deadlines, errors,
+//!               over a PeerChannel per peer (StreamChannel: framing, single copy)
 //!     │
 //!   transport/  a Link per peer: in-process rings, TCP
 //!     │

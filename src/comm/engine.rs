@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::algorithm::{self, Algorithm, BufId, PlanRequest, Region, Round, Schedule, Step};
 use crate::error::{Error, OpContext, Result};
-use crate::executor::{self, Buffers, CallInfo, Channel, WaitPolicy};
+use crate::executor::{self, Buffers, CallInfo, MemKind, PeerChannel, WaitPolicy};
 use crate::frame::FrameKind;
 use crate::reduce;
 use crate::types::{CallSig, OpKind, ReduceOp};
@@ -21,7 +21,7 @@ type PlanKey = (OpKind, usize, usize, usize, Option<Algorithm>);
 pub(crate) struct Engine {
     pub(super) rank: usize,
     pub(super) world: usize,
-    pub(super) channels: Vec<Option<Channel>>,
+    pub(super) channels: Vec<Option<Box<dyn PeerChannel>>>,
     pub(super) comm_id: u32,
     pub(super) epoch: u8,
     pub(super) coll_seq: u64,
@@ -45,7 +45,7 @@ impl Engine {
     pub(super) fn new(
         rank: usize,
         world: usize,
-        channels: Vec<Option<Channel>>,
+        channels: Vec<Option<Box<dyn PeerChannel>>>,
         comm_id: u32,
         cfg: &crate::config::Config,
         wait: WaitPolicy,
@@ -205,7 +205,14 @@ impl Engine {
         let seq = self.coll_seq;
         self.coll_seq += 1;
         let schedule = self.schedule(&sig, self.algorithm)?;
-        let mut bufs = Buffers { input, input_len, output, output_len, scratch: std::mem::take(&mut self.scratch) };
+        let mut bufs = Buffers {
+            input,
+            input_len,
+            output,
+            output_len,
+            scratch: std::mem::take(&mut self.scratch),
+            kind: MemKind::Host,
+        };
         let r = self.run(sig, &schedule, &mut bufs, (seq, seq));
         self.scratch = bufs.scratch;
         r
@@ -227,7 +234,14 @@ impl Engine {
             scratch_bytes: 0,
             finalize: vec![],
         };
-        let mut bufs = Buffers { input: buf, input_len: len, output: buf, output_len: len, scratch: Vec::new() };
+        let mut bufs = Buffers {
+            input: buf,
+            input_len: len,
+            output: buf,
+            output_len: len,
+            scratch: Vec::new(),
+            kind: MemKind::Host,
+        };
         self.run(sig, &schedule, &mut bufs, seqs)
     }
 }

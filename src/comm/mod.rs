@@ -34,7 +34,7 @@ use crate::algorithm::{Algorithm, Schedule};
 use crate::bootstrap::Store;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::executor::{Channel, WaitPolicy};
+use crate::executor::{PeerChannel, StreamChannel, WaitPolicy};
 use crate::transport::loopback::LoopbackLink;
 use crate::transport::{Link, TransportKind};
 use crate::types::{CallSig, DType, Element, OpKind, ReduceOp};
@@ -162,7 +162,8 @@ impl Communicator {
         wait: WaitPolicy,
     ) -> Communicator {
         let transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
-        let channels = links.into_iter().map(|l| l.map(Channel::new)).collect();
+        let channels =
+            links.into_iter().map(|l| l.map(|l| Box::new(StreamChannel::new(l)) as Box<dyn PeerChannel>)).collect();
         let aborted = Arc::new(AtomicBool::new(false));
         let engine = Engine::new(rank, world, channels, comm_id, cfg, wait, aborted.clone());
         Communicator {

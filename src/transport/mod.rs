@@ -108,7 +108,7 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
             opts.peers = req.peers.clone();
             opts.timeout = cfg.timeout;
             opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(req.local_ranks));
-            opts.cma = crate::executor::single_copy::cma_for_plain_buffers();
+            opts.cma = crate::executor::stream::single_copy::cma_for_plain_buffers();
             opts.key = cfg.job_key.clone();
             Ok(boxed(shm::connect_shm(&opts, req.store)?))
         }

@@ -1,27 +1,22 @@
-//! The send half of the executor: queueing a transfer's frames (data or
+//! The send half of the stream channel: queueing a transfer's frames (data or
 //! rendezvous, the sender's choice per frame) and writing them, a forward only as
 //! far as its reduction has got.
 
-use std::collections::VecDeque;
 use std::io;
 
 use super::single_copy::{describe, DESC_MAX};
-use super::{channel_mut, frames, CallInfo, Channel, OutMsg, Queues};
-use crate::error::Result;
+use super::{frames, CallInfo, OutMsg, StreamChannel};
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 
 /// Queue the frames of a transfer of `total` bytes at `base` to `peer`. A forward
 /// (`first_gate`) sends frame `k` only as far as gate `first_gate + k` allows.
 pub(super) fn queue_send(
-    channels: &mut [Option<Channel>],
-    queues: &mut Queues,
+    ch: &mut StreamChannel,
     call: &CallInfo,
-    peer: usize,
     base: *const u8,
     total: usize,
     first_gate: Option<usize>,
-) -> Result<()> {
-    let ch = channel_mut(channels, peer, call)?;
+) {
     for (k, (off, len)) in frames(total).enumerate() {
         // SAFETY: off + len <= total, inside a region the caller checked.
         let data = unsafe { base.add(off) };
@@ -29,7 +24,7 @@ pub(super) fn queue_send(
         if single {
             // SAFETY: [data, data + len) lies in one of this call's buffers, which the
             // caller of `execute` keeps alive until it returns, and `execute` revokes
-            // every exposure before returning (see `CallEnd`).
+            // every exposure before returning (`CallEnd` calls `end_call`).
             unsafe { ch.link.expose(data as usize, len) };
             ch.exposed = true;
         }
@@ -39,9 +34,8 @@ pub(super) fn queue_send(
         let (comm_id, epoch, seq, sig) = (call.comm_id, call.epoch, call.send_seq, call.sig);
         let hdr = Header { kind, comm_id, epoch, seq, sig, len: wire_len as u32 }.encode();
         let gate = first_gate.map(|g| g + k);
-        queues.out[peer].push_back(OutMsg { hdr, kind, data, len, desc, desc_len, sent: 0, gate });
+        ch.out.push_back(OutMsg { hdr, kind, data, len, desc, desc_len, sent: 0, gate });
     }
-    Ok(())
 }
 
 /// The slices still to be written of a frame (header, payload, `pad` zero bytes)
@@ -90,13 +84,9 @@ fn cap_parts(parts: [&[u8]; 3], mut max: usize) -> [&[u8]; 3] {
     })
 }
 
-pub(super) fn progress_send(
-    ch: &mut Channel,
-    q: &mut VecDeque<OutMsg>,
-    gates: &[usize],
-    call: &CallInfo,
-) -> io::Result<bool> {
+pub(super) fn progress_send(ch: &mut StreamChannel, gates: &[usize], call: &CallInfo) -> io::Result<bool> {
     let mut progressed = false;
+    let q = &mut ch.out;
     // Acks jump the queue at a frame boundary: the peer's round waits on them.
     while ch.acks_owed > 0 && ch.tx_at_boundary && q.front().is_none_or(|m| m.sent == 0) {
         q.push_front(OutMsg::ack(call));

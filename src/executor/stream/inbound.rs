@@ -1,4 +1,4 @@
-//! The receive half of the executor: reading and checking frame headers, matching
+//! The receive half of the stream channel: reading and checking frame headers, matching
 //! each frame to the receive step it belongs to, reducing incoming bytes as they
 //! arrive (from a staging chunk, or straight out of a shared ring), and copying
 //! long plain receives out of a ring with non-temporal stores.
@@ -7,10 +7,12 @@ use std::collections::VecDeque;
 use std::io;
 
 use super::single_copy::{pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
-use super::{peer_error, CallInfo, Channel, InMsg, Rx, MAX_REASON, REDUCE_GRAIN, SEGMENT_BYTES};
+use super::{CallInfo, InMsg, Rx, StreamChannel, MAX_REASON, REDUCE_GRAIN, SEGMENT_BYTES};
 use crate::error::{Error, Result};
+use crate::executor::peer_error;
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
+use crate::types::{DType, ReduceOp};
 
 /// Bytes of a forwarded segment reduced per pass before its forward gets a turn.
 /// 2 ranks on the 2-core VM, same session: 64 KiB passes gave 9.4–10.6 GB/s at
@@ -19,9 +21,9 @@ const FORWARD_PASS_BYTES: usize = 256 << 10;
 
 /// Reduce what has arrived of a receive-reduce segment, in grains, so reduction
 /// overlaps the rest of the transfer.
-pub(super) fn reduce_arrived(ch: &mut Channel, m: &mut InMsg, call: &CallInfo) -> Result<()> {
+pub(super) fn reduce_arrived(ch: &mut StreamChannel, m: &mut InMsg) -> Result<()> {
     let Some(src) = m.src else { return Ok(()) };
-    let esz = call.dtype.size();
+    let esz = m.dtype.size();
     let ready = if m.got == m.len { m.len } else { (m.got / esz) * esz };
     if ready - m.reduced < REDUCE_GRAIN && ready < m.len {
         return Ok(());
@@ -30,7 +32,7 @@ pub(super) fn reduce_arrived(ch: &mut Channel, m: &mut InMsg, call: &CallInfo) -
     if hi == lo {
         return Ok(());
     }
-    combine_at(m.dst, src, lo, &ch.staging[lo..hi], call)?;
+    combine_at(m.dst, src, lo, &ch.staging[lo..hi], (m.dtype, m.op))?;
     m.reduced = hi;
     Ok(())
 }
@@ -38,9 +40,9 @@ pub(super) fn reduce_arrived(ch: &mut Channel, m: &mut InMsg, call: &CallInfo) -
 /// Reduce what the link holds of a receive-reduce segment straight out of the
 /// link's buffer (a shared ring), with no staging copy. Returns whether any byte
 /// was taken.
-pub(super) fn reduce_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
+pub(super) fn reduce_from_link(ch: &mut StreamChannel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
     let Some(src) = m.src else { return Ok(false) };
-    let esz = call.dtype.size();
+    let esz = m.dtype.size();
     let mut progressed = false;
     // A segment that feeds a forward returns after FORWARD_PASS_BYTES, so the caller
     // sends that part on while it is still in cache.
@@ -60,14 +62,14 @@ pub(super) fn reduce_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, cal
             ch.link.consume(take);
             m.carry_len += take;
             if m.carry_len == esz {
-                combine_at(m.dst, src, m.got, &m.carry[..esz], call)?;
+                combine_at(m.dst, src, m.got, &m.carry[..esz], (m.dtype, m.op))?;
                 m.got += esz;
                 m.carry_len = 0;
             }
             continue;
         }
         let n = s.len() / esz * esz;
-        combine_at(m.dst, src, m.got, &s[..n], call)?;
+        combine_at(m.dst, src, m.got, &s[..n], (m.dtype, m.op))?;
         ch.link.consume(n);
         m.got += n;
     }
@@ -77,7 +79,7 @@ pub(super) fn reduce_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, cal
 
 /// Copy what the link holds of a long plain receive into place with non-temporal
 /// stores. Returns whether any byte was taken.
-pub(super) fn stream_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
+pub(super) fn stream_from_link(ch: &mut StreamChannel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
     let mut progressed = false;
     while m.got < m.len {
         let s =
@@ -98,18 +100,17 @@ pub(super) fn stream_from_link(ch: &mut Channel, m: &mut InMsg, peer: usize, cal
 }
 
 /// `dst[lo..] = src[lo..] ⊕ inc` for `inc.len()` bytes of a receive-reduce segment.
-fn combine_at(dst: *mut u8, src: *const u8, lo: usize, inc: &[u8], call: &CallInfo) -> Result<()> {
-    let op = call.reduce_op.combiner();
+fn combine_at(dst: *mut u8, src: *const u8, lo: usize, inc: &[u8], (dtype, op): (DType, ReduceOp)) -> Result<()> {
     let len = inc.len();
     // SAFETY: the callers pass [lo, lo + len) inside the segment's dst/src ranges;
     // src is either the same memory as dst or disjoint from it (checked when queued),
     // and `inc` (staging or a ring) overlaps neither.
     unsafe {
         if std::ptr::eq(src, dst) {
-            reduce::reduce_inplace(call.dtype, op, std::slice::from_raw_parts_mut(dst.add(lo), len), inc)
+            reduce::reduce_inplace(dtype, op, std::slice::from_raw_parts_mut(dst.add(lo), len), inc)
         } else {
             reduce::reduce_into(
-                call.dtype,
+                dtype,
                 op,
                 std::slice::from_raw_parts_mut(dst.add(lo), len),
                 std::slice::from_raw_parts(src.add(lo), len),
@@ -120,9 +121,18 @@ fn combine_at(dst: *mut u8, src: *const u8, lo: usize, inc: &[u8], call: &CallIn
 }
 
 /// Read what `peer` sent: headers, rendezvous descriptors and payloads, each into
-/// the receive step at the front of `q`. Returns whether anything moved.
-pub(super) fn progress_recv(
-    ch: &mut Channel,
+/// the receive posted first. Returns whether anything moved.
+pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [usize], call: &CallInfo) -> Result<bool> {
+    // Out of the channel while it is worked on, so the helpers below can take the
+    // channel and the receive at its front together. Moving a VecDeque allocates nothing.
+    let mut q = std::mem::take(&mut ch.inq);
+    let r = receive_into(ch, peer, &mut q, gates, call);
+    ch.inq = q;
+    r
+}
+
+fn receive_into(
+    ch: &mut StreamChannel,
     peer: usize,
     q: &mut VecDeque<InMsg>,
     gates: &mut [usize],
@@ -276,7 +286,7 @@ pub(super) fn progress_recv(
                     m.got += n;
                     progressed |= n > 0;
                     if m.src.is_some() {
-                        reduce_arrived(ch, m, call)?;
+                        reduce_arrived(ch, m)?;
                         if let Some(g) = m.feeds {
                             gates[g] = m.reduced;
                         }

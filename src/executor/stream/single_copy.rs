@@ -1,11 +1,11 @@
-//! The single-copy half of the executor: describing a transfer in a rendezvous
+//! The single-copy half of the stream channel: describing a transfer in a rendezvous
 //! frame, and pulling it straight out of the peer's memory on the other side —
 //! from a mapped registered segment (no system call) or through the link's
 //! `read_peer` (`process_vm_readv`, or a plain copy between threads).
 
 use std::io;
 
-use super::{CallInfo, Channel, InMsg, RENDEZVOUS_BYTES, SEGMENT_BYTES};
+use super::{CallInfo, InMsg, StreamChannel, RENDEZVOUS_BYTES, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::registered;
@@ -161,7 +161,7 @@ pub(super) fn parse_descriptor(b: &[u8], expected_len: usize) -> std::result::Re
 /// Single copy: read a rendezvous transfer straight from the peer's memory —
 /// into place for a plain receive, or chunk by chunk through a cache-sized staging
 /// buffer that is reduced while still hot.
-pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<()> {
+pub(super) fn pull_from_peer(ch: &mut StreamChannel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<()> {
     // A copy (at most DESC_MAX bytes), so `m` stays free for the pull below.
     let raw = m.desc;
     let desc = parse_descriptor(&raw[..m.desc_got], m.len).map_err(|detail| Error::Protocol {
@@ -171,7 +171,7 @@ pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call:
     })?;
     let Desc { addr, len, offset, name } = desc;
     if let Some(name) = name {
-        if pull_registered(ch, m, name, offset, call)? {
+        if pull_registered(ch, m, name, offset)? {
             tracing::trace!(peer, bytes = len, "single copy from the peer's registered segment {name}");
             return Ok(());
         }
@@ -193,7 +193,7 @@ pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call:
     if ch.staging.len() < PEER_CHUNK {
         ch.staging.resize(PEER_CHUNK.max(SEGMENT_BYTES), 0);
     }
-    let op = call.reduce_op.combiner();
+    let op = m.op;
     let mut off = 0;
     while off < len {
         let n = (len - off).min(PEER_CHUNK);
@@ -204,9 +204,9 @@ pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call:
         unsafe {
             let dst = std::slice::from_raw_parts_mut(m.dst.add(off), n);
             if std::ptr::eq(src, m.dst) {
-                reduce::reduce_inplace(call.dtype, op, dst, inc)?;
+                reduce::reduce_inplace(m.dtype, op, dst, inc)?;
             } else {
-                reduce::reduce_into(call.dtype, op, dst, std::slice::from_raw_parts(src.add(off), n), inc)?;
+                reduce::reduce_into(m.dtype, op, dst, std::slice::from_raw_parts(src.add(off), n), inc)?;
             }
         }
         off += n;
@@ -218,7 +218,7 @@ pub(super) fn pull_from_peer(ch: &mut Channel, m: &mut InMsg, peer: usize, call:
 /// Zero copy from a peer's registered segment, mapped once per link: copy or
 /// reduce straight out of the mapping. Returns false when the segment cannot be
 /// mapped here, so the caller falls back to reading through the kernel.
-fn pull_registered(ch: &mut Channel, m: &mut InMsg, name: &str, offset: usize, call: &CallInfo) -> Result<bool> {
+fn pull_registered(ch: &mut StreamChannel, m: &mut InMsg, name: &str, offset: usize) -> Result<bool> {
     let seg = match ch.peer_segments.get_or_open(name) {
         Ok(seg) => seg,
         Err(e) => {
@@ -227,14 +227,14 @@ fn pull_registered(ch: &mut Channel, m: &mut InMsg, name: &str, offset: usize, c
         }
     };
     let Some(peer) = seg.slice(offset, m.len) else { return Ok(false) };
-    let op = call.reduce_op.combiner();
+    let op = m.op;
     // SAFETY: dst (and src) are live regions of this rank's buffers; src is dst or disjoint.
     unsafe {
         let dst = std::slice::from_raw_parts_mut(m.dst, m.len);
         match m.src {
             None => reduce::copy_streaming(dst, peer),
-            Some(src) if std::ptr::eq(src, m.dst) => reduce::reduce_inplace(call.dtype, op, dst, peer)?,
-            Some(src) => reduce::reduce_into(call.dtype, op, dst, std::slice::from_raw_parts(src, m.len), peer)?,
+            Some(src) if std::ptr::eq(src, m.dst) => reduce::reduce_inplace(m.dtype, op, dst, peer)?,
+            Some(src) => reduce::reduce_into(m.dtype, op, dst, std::slice::from_raw_parts(src, m.len), peer)?,
         }
     }
     m.got = m.len;

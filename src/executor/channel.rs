@@ -1,0 +1,143 @@
+//! The request layer under the round loop: one [`PeerChannel`] per peer.
+//!
+//! The executor turns each step of a round into requests on the channels of the
+//! peers it names — [`PeerChannel::post_send`] of a region,
+//! [`PeerChannel::post_recv`] into a region, optionally combined with a local
+//! operand as it lands ([`Reduction`]) — and then drives every channel with
+//! [`PeerChannel::progress`] until none is [`busy`](PeerChannel::busy). Deadlines,
+//! waiting (spin, yield, sleep, `poll(2)` on the descriptors channels name in
+//! [`PeerChannel::readiness`]), the abort flag and the mapping of failures to
+//! errors stay in the executor; how bytes move is the channel's business.
+//!
+//! A receive-reduce that feeds a forward (`RecvReduceSend`) opens *gates*: entries
+//! of a slice the executor owns for the round, which the receiving channel raises
+//! as the reduction advances and the forwarding channel reads before it sends.
+//! Gates work across channels of different kinds because they are plain counters.
+//!
+//! Every region names its memory kind ([`MemKind`]). The first implementation,
+//! [`StreamChannel`](super::stream::StreamChannel), moves host memory over the
+//! byte-stream [`Link`](crate::transport::Link)s (TCP, shared-memory rings,
+//! in-process rings) and refuses device memory with [`Error::Unsupported`]. The
+//! CUDA and RDMA transports will implement this same trait: a CUDA channel posts
+//! device-to-device or staged copies on a stream and completes reductions with
+//! kernels; a verbs channel posts work requests on a queue pair and reports
+//! completions from its completion queue.
+
+use std::os::fd::RawFd;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::frame::FrameKind;
+use crate::transport::TransportKind;
+use crate::types::{DType, ReduceOp};
+
+use super::CallInfo;
+
+/// Where the memory of a region lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemKind {
+    /// Ordinary host memory of this process.
+    Host,
+    /// Host memory in a segment registered with braid (a peer on the same host may
+    /// map it; a verbs channel would have it registered with the device).
+    RegisteredHost,
+    /// Memory of an accelerator. No channel handles it yet.
+    Device,
+}
+
+/// A contiguous piece of one of the call's buffers.
+///
+/// The executor builds regions only from the call's buffers, bounds-checked
+/// against their lengths; the caller of [`execute`](super::execute) keeps them
+/// alive and unaliased for the whole call, and the channel forgets them in
+/// [`PeerChannel::end_call`].
+#[derive(Clone, Copy, Debug)]
+pub struct MemRegion {
+    /// First byte.
+    pub ptr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+    /// Where the memory lives.
+    pub kind: MemKind,
+}
+
+/// Combine received data with a local operand as it lands: `dst = src ⊕ received`.
+#[derive(Clone, Copy, Debug)]
+pub struct Reduction {
+    /// The local operand: the destination itself or a region disjoint from it, of
+    /// the destination's length.
+    pub src: MemRegion,
+    /// The combining operator (Avg is finalised later; channels see Sum).
+    pub op: ReduceOp,
+    /// Element type.
+    pub dtype: DType,
+}
+
+/// How the executor may block on a channel that cannot make progress now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Nothing to poll (memory channels): the executor yields or sleeps.
+    NoFd,
+    /// Poll `fd` for `events` (`POLLIN`/`POLLOUT`; zero: nothing to wait for here).
+    Fd {
+        /// The descriptor.
+        fd: RawFd,
+        /// Requested poll events.
+        events: i16,
+    },
+}
+
+/// One peer's end of the transfers of a call.
+///
+/// Posted requests complete in posting order per direction; a call's requests are
+/// all complete when [`busy`](Self::busy) turns false after a [`progress`](Self::progress).
+pub trait PeerChannel: Send {
+    /// What carries the bytes.
+    fn kind(&self) -> TransportKind;
+
+    /// Post a send of `src` to the peer. With `first_gate`, this is a forward: its
+    /// `k`-th piece goes out only as far as `gates[first_gate + k]` says is final
+    /// (the pieces are those a receive posted with `forward` opened, in order).
+    fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()>;
+
+    /// Post a receive of `dst.len` bytes from the peer into `dst`, combined with
+    /// `reduce` if given. With `forward` (receive-reduces only), each piece pushes a
+    /// gate onto it and raises that gate as the piece becomes final.
+    fn post_recv(
+        &mut self,
+        dst: MemRegion,
+        reduce: Option<Reduction>,
+        forward: Option<&mut Vec<usize>>,
+        call: &CallInfo,
+    ) -> Result<()>;
+
+    /// Move whatever can move without blocking; complete requests. `peer` is this
+    /// channel's peer rank (for errors). Returns whether anything moved.
+    fn progress(&mut self, peer: usize, gates: &mut [usize], call: &CallInfo) -> Result<bool>;
+
+    /// Whether posted requests (or protocol duties such as acknowledgements) remain.
+    fn busy(&self) -> bool;
+
+    /// What to wait on when nothing moved.
+    fn readiness(&self, gates: &[usize]) -> Readiness;
+
+    /// Best effort until `give_up`: tell the peer why this rank stops (`Abort`) or
+    /// that it leaves (`Goodbye`), then close the sending side.
+    fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str, give_up: Instant);
+
+    /// The call ends (however it ends): revoke whatever the peer was allowed to read
+    /// of this call's buffers and forget every posted request.
+    fn end_call(&mut self);
+}
+
+/// The error a channel that moves only host memory returns for any other region:
+/// `what` (e.g. "a send to") names the operation, `peer` and `kind` the link.
+pub fn require_host(region: &MemRegion, what: &str, peer: usize, kind: TransportKind, call: &CallInfo) -> Result<()> {
+    match region.kind {
+        MemKind::Host | MemKind::RegisteredHost => Ok(()),
+        MemKind::Device => Err(Error::Unsupported(format!(
+            "{}: {what} rank {peer} of {} bytes is in device memory, and a {kind} link moves host memory only",
+            call.ctx, region.len
+        ))),
+    }
+}

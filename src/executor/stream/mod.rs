@@ -1,0 +1,332 @@
+//! [`StreamChannel`]: the [`PeerChannel`] over byte-stream [`Link`]s (TCP,
+//! shared-memory rings, in-process rings).
+//!
+//! It frames every transfer into segments (a header plus at most
+//! [`SEGMENT_BYTES`] of payload), receives plain copies straight into their
+//! destination and reduces incoming data from a staging chunk as it arrives (so
+//! reduction overlaps the transfer), and validates every header against the call
+//! this rank is making.
+//!
+//! A forward (a send posted with a gate) writes each frame as far as its
+//! reduction has got, so the result leaves while it is still in cache. On
+//! shared-memory and in-process links incoming data is reduced straight out of the
+//! ring ([`Link::peek`]), and long plain receives are copied out with non-temporal
+//! stores.
+//!
+//! On links that can read the peer's memory ([`Link::can_read_peer`]: shared memory
+//! between processes, threads of one process) a frame of a transfer of at least
+//! [`RENDEZVOUS_BYTES`] may be sent as a *rendezvous* — between processes only
+//! from registered buffers, unless `BRAID_CMA=1` — a small frame with the address of
+//! the data. The receiver copies (or reduces) straight from the sender's memory in
+//! cache-sized chunks and answers with an ack; the sender stays busy until the
+//! ack, so its buffer stays valid while it is read. One copy instead of two.
+//! A call that ends early (a timeout, a mismatch, an abort) revokes what it exposed
+//! ([`Link::revoke_exposed`]) in [`PeerChannel::end_call`], so a peer that reads
+//! late gets an error instead of memory its owner has freed.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::channel::{require_host, MemRegion, PeerChannel, Readiness, Reduction};
+use super::{peer_error, CallInfo};
+use crate::error::{Error, Result};
+use crate::frame::{FrameKind, Header, HEADER_LEN};
+use crate::registered::SegmentCache;
+use crate::transport::{Link, TransportKind};
+use crate::types::{DType, ReduceOp};
+
+mod inbound;
+mod outbound;
+pub(crate) mod single_copy;
+use inbound::progress_recv;
+use outbound::{frame_parts, progress_send, queue_send, writable};
+use single_copy::{SingleCopy, DESC_MAX};
+
+/// Largest payload of one frame. Long transfers are cut into segments of this size
+/// so a receiver can reduce one while the next is in flight.
+pub const SEGMENT_BYTES: usize = 1 << 20;
+/// Incoming data is reduced in grains of this size as soon as it has arrived.
+const REDUCE_GRAIN: usize = 64 << 10;
+/// Receives at least this long, whose destination will not stay in cache anyway,
+/// are copied out of shared rings with non-temporal stores: that skips reading each
+/// destination line before overwriting it (a quarter of the memory traffic).
+const STREAM_RECV_BYTES: usize = 4 << 20;
+/// Transfers at least this long go single-copy on links that can read peer memory.
+pub const RENDEZVOUS_BYTES: usize = 128 << 10;
+/// Longest an abort message may be.
+const MAX_REASON: usize = 64 << 10;
+
+/// Receive-side framing state of a channel.
+enum Rx {
+    /// Reading a header; `have` bytes of it are in `hdr`.
+    Header { have: usize },
+    /// A data header has been read and awaits the receive step it belongs to.
+    Ready(Header),
+    /// Reading an abort frame's reason.
+    Reason { want: usize, buf: Vec<u8> },
+    /// Skipping the padding after a payload.
+    Pad { left: usize },
+    /// The peer said goodbye and closed: fine until something is expected from it.
+    Closed,
+}
+
+/// A link plus the framing state that survives between operations, and the
+/// frames posted in the current call.
+pub struct StreamChannel {
+    link: Box<dyn Link>,
+    hdr: [u8; HEADER_LEN],
+    rx: Rx,
+    staging: Vec<u8>,
+    /// Set when the peer said goodbye (orderly close of its communicator).
+    said_goodbye: bool,
+    /// False while a frame is partly written: nothing else may be injected then.
+    tx_at_boundary: bool,
+    /// Which long transfers on this link go single-copy (the sender decides per
+    /// frame; the receiver follows each frame's kind).
+    single_copy: SingleCopy,
+    /// Whether incoming data can be reduced straight out of the link ([`Link::peek`]).
+    peek: bool,
+    /// Smallest piece of a forward written before its frame is complete.
+    forward_grain: usize,
+    /// Rendezvous frames sent whose ack has not arrived.
+    acks_awaited: usize,
+    /// Rendezvous reads finished whose ack is still to be sent.
+    acks_owed: usize,
+    /// The peer's registered segments mapped so far (until their owner frees them).
+    peer_segments: SegmentCache,
+    /// Whether this call exposed memory on the link ([`Link::expose`]), to revoke.
+    exposed: bool,
+    /// Frames posted to send, in order (kept between calls so a call allocates nothing).
+    out: VecDeque<OutMsg>,
+    /// Frames posted to receive, in order.
+    inq: VecDeque<InMsg>,
+}
+
+// SAFETY: the raw pointers in `out` and `inq` are held only during `execute`, whose
+// `CallEnd` calls `end_call` (emptying both) before returning, on success, on error
+// and on panic alike; the link itself is `Send`.
+unsafe impl Send for StreamChannel {}
+
+impl StreamChannel {
+    /// Wrap a connected link.
+    pub fn new(link: Box<dyn Link>) -> StreamChannel {
+        StreamChannel {
+            single_copy: SingleCopy::for_link(link.as_ref()),
+            peek: link.can_peek(),
+            forward_grain: if link.can_peek() { outbound::FORWARD_GRAIN } else { usize::MAX },
+            acks_awaited: 0,
+            acks_owed: 0,
+            peer_segments: SegmentCache::default(),
+            exposed: false,
+            link,
+            hdr: [0; HEADER_LEN],
+            rx: Rx::Header { have: 0 },
+            staging: Vec::new(),
+            said_goodbye: false,
+            tx_at_boundary: true,
+            out: VecDeque::new(),
+            inq: VecDeque::new(),
+        }
+    }
+}
+
+impl PeerChannel for StreamChannel {
+    fn kind(&self) -> TransportKind {
+        self.link.kind()
+    }
+
+    fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()> {
+        require_host(&src, "a send to", self.link.peer(), self.link.kind(), call)?;
+        queue_send(self, call, src.ptr as *const u8, src.len, first_gate);
+        Ok(())
+    }
+
+    fn post_recv(
+        &mut self,
+        dst: MemRegion,
+        reduce: Option<Reduction>,
+        mut forward: Option<&mut Vec<usize>>,
+        call: &CallInfo,
+    ) -> Result<()> {
+        let (peer, kind) = (self.link.peer(), self.link.kind());
+        require_host(&dst, "a receive from", peer, kind, call)?;
+        if let Some(r) = &reduce {
+            require_host(&r.src, "the local operand of a receive-reduce from", peer, kind, call)?;
+        }
+        if forward.is_some() && reduce.is_none() {
+            // Only the reduce paths raise gates: a gated plain receive would hold its
+            // forward back for ever.
+            return Err(Error::InvalidArgument(format!(
+                "{}: a forward gated on a plain receive from rank {peer}; gates need a receive-reduce",
+                call.ctx
+            )));
+        }
+        let (base, s) = (dst.ptr, reduce.map(|r| r.src.ptr as *const u8));
+        let (dtype, op) = reduce.map_or((DType::U8, ReduceOp::Sum), |r| (r.dtype, r.op));
+        for (off, len) in frames(dst.len) {
+            // SAFETY: off + len <= dst.len (== the operand's length), inside the
+            // regions the executor bounds-checked.
+            let mut m = InMsg::new(unsafe { base.add(off) }, s.map(|s| unsafe { s.add(off) }), len, dtype, op);
+            m.stream = reduce.is_none() && dst.len >= STREAM_RECV_BYTES;
+            if let Some(gates) = forward.as_deref_mut() {
+                m.feeds = Some(gates.len());
+                gates.push(0);
+            }
+            self.inq.push_back(m);
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self, peer: usize, gates: &mut [usize], call: &CallInfo) -> Result<bool> {
+        let sent = progress_send(self, gates, call).map_err(|e| peer_error(call, peer, self.said_goodbye, e))?;
+        let received = progress_recv(self, peer, gates, call)?;
+        Ok(sent | received)
+    }
+
+    fn busy(&self) -> bool {
+        !self.out.is_empty() || !self.inq.is_empty() || self.acks_awaited > 0 || self.acks_owed > 0
+    }
+
+    fn readiness(&self, gates: &[usize]) -> Readiness {
+        let Some(fd) = self.link.poll_fd() else { return Readiness::NoFd };
+        let mut events = 0;
+        // A forward waiting for its reduction waits on input, not on the socket.
+        if self.out.front().is_some_and(|m| writable(m, gates, self.forward_grain) > m.sent) || self.acks_owed > 0 {
+            events |= libc::POLLOUT;
+        }
+        // Watch input when a receive or an ack is awaited, or (idle) for an abort
+        // or EOF — but not when a complete header already waits for its step.
+        if !self.inq.is_empty() || self.acks_awaited > 0 || matches!(self.rx, Rx::Header { .. } | Rx::Reason { .. }) {
+            events |= libc::POLLIN;
+        }
+        Readiness::Fd { fd, events }
+    }
+
+    /// Bounded in time: `give_up` is shared by all the channels a rank closes at
+    /// once, so closing many full links still takes at most
+    /// [`CONTROL_GRACE`](super::CONTROL_GRACE) in all.
+    fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str, give_up: Instant) {
+        if self.tx_at_boundary {
+            let payload = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+            let hdr = Header::control(kind, comm_id, epoch, payload.len() as u32).encode();
+            let total = HEADER_LEN + payload.len();
+            let mut sent = 0;
+            while sent < total && Instant::now() < give_up {
+                match self.link.try_write(&frame_parts(&hdr, payload, 0, sent)) {
+                    Ok(0) => std::thread::yield_now(),
+                    Ok(n) => sent += n,
+                    Err(_) => break,
+                }
+            }
+        }
+        self.tx_at_boundary = false;
+        self.link.close();
+    }
+
+    fn end_call(&mut self) {
+        if std::mem::take(&mut self.exposed) {
+            self.link.revoke_exposed();
+        }
+        self.out.clear();
+        self.inq.clear();
+    }
+}
+
+struct OutMsg {
+    hdr: [u8; HEADER_LEN],
+    kind: FrameKind,
+    /// Data frames: the payload. Rendezvous frames: the data the peer will read.
+    data: *const u8,
+    len: usize,
+    /// Rendezvous payload (see [`single_copy::DESC_FIXED`]) and its length.
+    desc: [u8; DESC_MAX],
+    desc_len: usize,
+    sent: usize,
+    /// A forward: the gate saying how many bytes of `data` are final (reduced) yet.
+    /// None: all of them.
+    gate: Option<usize>,
+}
+
+impl OutMsg {
+    fn payload(&self) -> &[u8] {
+        match self.kind {
+            FrameKind::Rendezvous => &self.desc[..self.desc_len],
+            FrameKind::Data => {
+                // SAFETY: data..data+len is inside a live buffer region (see execute()).
+                unsafe { std::slice::from_raw_parts(self.data, self.len) }
+            }
+            _ => &[],
+        }
+    }
+
+    fn ack(call: &CallInfo) -> OutMsg {
+        let hdr = Header::control(FrameKind::Ack, call.comm_id, call.epoch, 0).encode();
+        OutMsg {
+            hdr,
+            kind: FrameKind::Ack,
+            data: std::ptr::null(),
+            len: 0,
+            desc: [0; DESC_MAX],
+            desc_len: 0,
+            sent: 0,
+            gate: None,
+        }
+    }
+}
+
+struct InMsg {
+    len: usize,
+    dst: *mut u8,
+    /// Local operand for receive-reduce (may equal dst); None for plain receives.
+    src: Option<*const u8>,
+    /// Element type and combining operator of a receive-reduce.
+    dtype: DType,
+    op: ReduceOp,
+    got: usize,
+    reduced: usize,
+    started: bool,
+    /// Plain receive part of a long transfer: copy out with non-temporal stores.
+    stream: bool,
+    /// The bytes of an element split by the end of a ring's data area, gathered
+    /// before it is reduced (zero-copy receive only).
+    carry: [u8; 8],
+    carry_len: usize,
+    /// Rendezvous descriptor bytes read so far.
+    desc: [u8; DESC_MAX],
+    desc_got: usize,
+    /// The gate this receive-reduce opens for its forward.
+    feeds: Option<usize>,
+}
+
+impl InMsg {
+    fn new(dst: *mut u8, src: Option<*const u8>, len: usize, dtype: DType, op: ReduceOp) -> InMsg {
+        InMsg {
+            len,
+            dst,
+            src,
+            dtype,
+            op,
+            got: 0,
+            reduced: 0,
+            started: false,
+            stream: false,
+            carry: [0; 8],
+            carry_len: 0,
+            desc: [0; DESC_MAX],
+            desc_got: 0,
+            feeds: None,
+        }
+    }
+}
+
+/// (offset, length) of the frames a transfer of `len` bytes is cut into. Both ends
+/// compute the same cut from the length alone; each frame then goes as data or, the
+/// sender's choice, as a rendezvous, which the receiver sees from its kind. A
+/// zero-length transfer is one empty frame (barrier messages).
+fn frames(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = len.div_ceil(SEGMENT_BYTES).max(1);
+    (0..n).map(move |i| (i * SEGMENT_BYTES, (len - i * SEGMENT_BYTES).min(SEGMENT_BYTES)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,110 @@
+//! The stream channel through the request interface alone, as the executor uses it.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::StreamChannel;
+use crate::error::{Error, OpContext};
+use crate::executor::channel::{MemKind, MemRegion, PeerChannel, Reduction};
+use crate::executor::{CallInfo, WaitPolicy};
+use crate::transport::loopback::LoopbackLink;
+use crate::types::{CallSig, DType, OpKind, ReduceOp};
+
+fn call(rank: usize, count: usize) -> CallInfo {
+    let sig = CallSig::new(OpKind::AllReduce, DType::F32, count as u64, 0, ReduceOp::Sum);
+    CallInfo {
+        ctx: OpContext { rank, call: Some(sig), seq: 0 },
+        sig,
+        send_seq: 0,
+        recv_seq: 0,
+        comm_id: 7,
+        epoch: 0,
+        dtype: DType::F32,
+        reduce_op: ReduceOp::Sum,
+        timeout: Duration::from_secs(10),
+        wait: WaitPolicy::for_ranks(1),
+        aborted: Arc::new(AtomicBool::new(false)),
+    }
+}
+
+fn host(v: &mut [f32]) -> MemRegion {
+    MemRegion { ptr: v.as_mut_ptr().cast(), len: std::mem::size_of_val(v), kind: MemKind::Host }
+}
+
+fn pair() -> (StreamChannel, StreamChannel) {
+    let (a, b) = LoopbackLink::pair(0, 1, 64 << 10);
+    (StreamChannel::new(Box::new(a)), StreamChannel::new(Box::new(b)))
+}
+
+#[test]
+fn device_regions_are_refused_cleanly() {
+    let (mut a, _b) = pair();
+    let info = call(0, 16);
+    let mut buf = [0f32; 16];
+    let dev = MemRegion { kind: MemKind::Device, ..host(&mut buf) };
+    let unsupported = |r: crate::error::Result<()>| match r {
+        Err(Error::Unsupported(why)) => {
+            assert!(why.contains("device memory") && why.contains("rank 1") && why.contains("rank 0"), "{why}")
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    };
+    unsupported(a.post_send(dev, None, &info));
+    unsupported(a.post_recv(dev, None, None, &info));
+    let reduction = Reduction { src: dev, op: ReduceOp::Sum, dtype: DType::F32 };
+    unsupported(a.post_recv(host(&mut buf), Some(reduction), None, &info));
+    assert!(!a.busy(), "a refused request must leave nothing posted");
+}
+
+#[test]
+fn a_gate_on_a_plain_receive_is_refused() {
+    let (mut a, _b) = pair();
+    let mut buf = [0f32; 16];
+    let mut gates = Vec::new();
+    let r = a.post_recv(host(&mut buf), None, Some(&mut gates), &call(0, 16));
+    assert!(matches!(r, Err(Error::InvalidArgument(ref why)) if why.contains("receive-reduce")), "{r:?}");
+    assert!(gates.is_empty() && !a.busy());
+}
+
+/// Rank 0 sends x to rank 1, which reduces it into x + y and forwards the sum to
+/// rank 2 through a gate, piece by piece, all driven through the trait; small
+/// transfers go as data frames, long ones (several segments) as rendezvous.
+#[test]
+fn receive_reduce_forwards_through_gates_across_channels() {
+    for n in [1024usize, (3 << 18) + 16] {
+        let (mut c01, mut c10) = pair();
+        let (mut c12, mut c21) = pair();
+        let infos = [call(0, n), call(1, n), call(2, n)];
+        let mut x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+        let mut y = vec![2.0f32; n];
+        let mut sum = vec![0f32; n];
+        let mut out = vec![0f32; n];
+        let mut gates = Vec::new();
+        c01.post_send(host(&mut x), None, &infos[0]).unwrap();
+        let reduction = Reduction { src: host(&mut y), op: ReduceOp::Sum, dtype: DType::F32 };
+        c10.post_recv(host(&mut sum), Some(reduction), Some(&mut gates), &infos[1]).unwrap();
+        assert!(!gates.is_empty() && gates.iter().all(|&g| g == 0));
+        c12.post_send(host(&mut sum), Some(0), &infos[1]).unwrap();
+        c21.post_recv(host(&mut out), None, None, &infos[2]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            c01.progress(1, &mut gates, &infos[0]).unwrap();
+            c10.progress(0, &mut gates, &infos[1]).unwrap();
+            c12.progress(2, &mut gates, &infos[1]).unwrap();
+            c21.progress(1, &mut gates, &infos[2]).unwrap();
+            if ![&c01, &c10, &c12, &c21].iter().any(|c| c.busy()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "transfers of {n} elements did not finish");
+        }
+        for ch in [&mut c01, &mut c10, &mut c12, &mut c21] {
+            ch.end_call();
+        }
+        let total: usize = gates.iter().sum();
+        assert_eq!(total, n * 4, "every gate opens fully");
+        for i in 0..n {
+            let want = (i % 1000) as f32 + 2.0;
+            assert_eq!((sum[i], out[i]), (want, want), "element {i} of {n}");
+        }
+    }
+}
