@@ -265,6 +265,7 @@ mod tests {
         assert_eq!(a.read_peer(addr + 895, &mut part).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
         b.revoke_exposed();
         // Dropping the exposing end revokes too.
+        // SAFETY: `src` outlives the exposure, which dropping `b` revokes.
         unsafe { b.expose(addr, src.len()) };
         drop(b);
         assert_eq!(a.read_peer(addr, &mut dst).unwrap_err().kind(), io::ErrorKind::PermissionDenied);

@@ -340,17 +340,7 @@ fn protocol_error(peer: usize, e: io::Error) -> io::Error {
 
 /// 64 random bits from the kernel (falls back to std's per-process random keys).
 pub(crate) fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: writes at most 8 bytes into `v`.
-    let r = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
-    if r == 8 {
-        return v;
-    }
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    h.write_u32(std::process::id());
-    h.finish()
+    u64::from_ne_bytes(crate::auth::random_bytes())
 }
 
 /// Connect this rank by shared memory to every rank marked in `opts.peers`.
