@@ -128,6 +128,10 @@ pub enum Error {
     /// The operation or transport is not available in this build or on this machine.
     #[error("unsupported: {0}")]
     Unsupported(String),
+
+    /// An accelerator (device) operation failed: the driver's error, naming the device.
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 fn describe_call(call: &Option<CallSig>) -> String {

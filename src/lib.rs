@@ -40,6 +40,7 @@ pub mod auth;
 pub mod bootstrap;
 pub mod comm;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod executor;
 pub mod frame;

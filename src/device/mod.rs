@@ -1,0 +1,208 @@
+//! Device memory under the collectives: what the executor needs of an accelerator.
+//!
+//! A [`Device`] is one stream of work on one accelerator: copies between host and
+//! device memory, copies within the device, and reductions, all enqueued in order
+//! and completed asynchronously. [`Device::record`] hands out a [`Ticket`] for the
+//! work enqueued so far, and [`Device::is_complete`] polls it, so the executor can
+//! keep every peer's transfers moving while the device works (no call blocks on the
+//! device except [`Device::synchronize`]).
+//!
+//! Collectives on device buffers run the ordinary schedules: the executor wraps each
+//! peer's channel in a [`StagedChannel`](crate::executor::staged::StagedChannel),
+//! which stages device regions through host buffers of the device (pinned memory
+//! for CUDA) piece by piece, completes receive-reduces with a device reduction as
+//! each piece lands, and releases forwards piece by piece; local steps of the
+//! schedule become device copies and reductions. Because nothing in that path
+//! assumes which accelerator it is, it is tested here on [`SimDevice`], a device
+//! made of host memory whose stream runs lazily (one operation per poll) and
+//! which checks every device address against its allocations.
+//!
+//! Implementations: [`SimDevice`] (always), and the CUDA device (`cuda` feature).
+
+pub mod sim;
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::types::{DType, ReduceOp};
+
+pub use sim::SimDevice;
+
+/// An address in a device's memory (a `CUdeviceptr` for CUDA).
+pub type DevicePtr = u64;
+
+/// Marks the work enqueued on a device's stream up to some point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
+/// One stream of work on one accelerator.
+///
+/// Operations are enqueued and run in the order they were enqueued; an operation
+/// may still be running (or not yet started) when the call that enqueued it
+/// returns. Zero-length operations are allowed and do nothing.
+///
+/// Every method is callable from several threads (several ranks may share one
+/// device, each with its own stream or all on one).
+pub trait Device: Send + Sync {
+    /// One line naming the device, for errors and logs (e.g. `cuda:0 (H100)`).
+    fn describe(&self) -> String;
+
+    /// Allocate `len` bytes of device memory (for the executor's scratch).
+    fn alloc_device(&self, len: usize) -> Result<DevicePtr>;
+
+    /// Free memory from [`Device::alloc_device`], after any enqueued work that
+    /// uses it has completed (implementations wait for it).
+    ///
+    /// # Safety
+    /// `ptr` and `len` come from one `alloc_device` of this device, freed once.
+    unsafe fn free_device(&self, ptr: DevicePtr, len: usize);
+
+    /// Allocate `len` bytes of host memory the device copies to and from quickly
+    /// (page-locked for CUDA), for staging.
+    fn alloc_host(&self, len: usize) -> Result<*mut u8>;
+
+    /// Free memory from [`Device::alloc_host`], after any enqueued work that uses
+    /// it has completed (implementations wait for it).
+    ///
+    /// # Safety
+    /// `ptr` and `len` come from one `alloc_host` of this device, freed once.
+    unsafe fn free_host(&self, ptr: *mut u8, len: usize);
+
+    /// Enqueue a copy of `len` bytes from device address `src` to host memory `dst`.
+    ///
+    /// # Safety
+    /// `dst` must stay valid for writes of `len` bytes, and nothing else may access
+    /// it, until a ticket recorded after this call completes.
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: DevicePtr, len: usize) -> Result<()>;
+
+    /// Enqueue a copy of `len` bytes from host memory `src` to device address `dst`.
+    ///
+    /// # Safety
+    /// `src` must stay valid for reads of `len` bytes, unchanged, until a ticket
+    /// recorded after this call completes.
+    unsafe fn copy_to_device(&self, dst: DevicePtr, src: *const u8, len: usize) -> Result<()>;
+
+    /// Enqueue a copy of `len` bytes within device memory (the ranges may overlap).
+    ///
+    /// # Safety
+    /// Both ranges must be device memory the caller may use until the copy completes.
+    unsafe fn copy_on_device(&self, dst: DevicePtr, src: DevicePtr, len: usize) -> Result<()>;
+
+    /// Enqueue `dst = a ⊕ b` over `len` bytes of `dtype` elements, with
+    /// `op.combiner()` semantics (`Avg` reduces as `Sum`; see
+    /// [`crate::reduce::reduce_into`] for the host's results, which this matches).
+    /// `dst` may equal `a` or `b`; otherwise the ranges do not overlap.
+    ///
+    /// # Safety
+    /// The three ranges must be device memory the caller may use until the
+    /// reduction completes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduce(
+        &self,
+        dst: DevicePtr,
+        a: DevicePtr,
+        b: DevicePtr,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()>;
+
+    /// Enqueue the end of a reduction over `world` ranks: for `Avg`, divide every
+    /// element by `world` as [`crate::reduce::finalize`] does; other ops do nothing.
+    ///
+    /// # Safety
+    /// The range must be device memory the caller may use until the work completes.
+    unsafe fn finalize(&self, buf: DevicePtr, len: usize, dtype: DType, op: ReduceOp, world: usize) -> Result<()>;
+
+    /// A ticket for everything enqueued so far.
+    fn record(&self) -> Result<Ticket>;
+
+    /// Whether the work up to `ticket` has completed. Never blocks.
+    fn is_complete(&self, ticket: Ticket) -> Result<bool>;
+
+    /// Wait until everything enqueued so far has completed.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// Device memory owned by braid, freed on drop (after the work that uses it).
+pub struct DeviceBuffer {
+    device: Arc<dyn Device>,
+    ptr: DevicePtr,
+    len: usize,
+}
+
+impl DeviceBuffer {
+    /// Allocate `len` bytes on `device`.
+    pub fn new(device: &Arc<dyn Device>, len: usize) -> Result<DeviceBuffer> {
+        let ptr = device.alloc_device(len)?;
+        Ok(DeviceBuffer { device: device.clone(), ptr, len })
+    }
+
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what alloc_device returned, freed only here.
+        unsafe { self.device.free_device(self.ptr, self.len) };
+    }
+}
+
+/// Staging host memory of a device, freed on drop (after the work that uses it).
+pub struct HostBuffer {
+    device: Arc<dyn Device>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; the device it is freed
+// through is Send + Sync.
+unsafe impl Send for HostBuffer {}
+
+impl HostBuffer {
+    /// Allocate `len` bytes of staging memory for `device`.
+    pub fn new(device: &Arc<dyn Device>, len: usize) -> Result<HostBuffer> {
+        let ptr = device.alloc_host(len)?;
+        Ok(HostBuffer { device: device.clone(), ptr, len })
+    }
+
+    /// The first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what alloc_host returned, freed only here.
+        unsafe { self.device.free_host(self.ptr, self.len) };
+    }
+}
