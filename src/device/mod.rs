@@ -157,6 +157,35 @@ impl DeviceBuffer {
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device
     }
+
+    /// Copy `data` (exactly `len()` bytes) into the buffer and wait for the copy.
+    pub fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.check_len(data.len(), "write")?;
+        // SAFETY: the range is this buffer's, which `&mut self` holds; `data` outlives
+        // the synchronize below, after which the device no longer reads it.
+        unsafe { self.device.copy_to_device(self.ptr, data.as_ptr(), data.len())? };
+        self.device.synchronize()
+    }
+
+    /// Copy the buffer (exactly `out.len()` bytes) out, after all enqueued work.
+    pub fn read(&self, out: &mut [u8]) -> Result<()> {
+        self.check_len(out.len(), "read")?;
+        // SAFETY: `out` is borrowed mutably until the synchronize below, after
+        // which the device no longer writes it.
+        unsafe { self.device.copy_to_host(out.as_mut_ptr(), self.ptr, out.len())? };
+        self.device.synchronize()
+    }
+
+    fn check_len(&self, n: usize, what: &str) -> Result<()> {
+        if n != self.len {
+            return Err(crate::error::Error::InvalidArgument(format!(
+                "{what} of {n} bytes on a device buffer of {} bytes ({})",
+                self.len,
+                self.device.describe()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Drop for DeviceBuffer {
