@@ -19,6 +19,7 @@
 //!
 //! Implementations: [`SimDevice`] (always), and the CUDA device (`cuda` feature).
 
+pub mod cuda;
 pub mod sim;
 
 use std::sync::Arc;
