@@ -1,0 +1,131 @@
+//! Compiling [`kernels::source`](super::kernels::source) to PTX with NVRTC, once per
+//! architecture per process.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use super::kernels;
+use crate::error::{Error, Result};
+
+/// Whether the NVRTC library can be loaded; the reason in one line when not.
+pub fn nvrtc_available() -> std::result::Result<(), String> {
+    // SAFETY: only tries to load the library (dlopen); calls nothing in it.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err("CUDA reductions are compiled at run time with NVRTC, and libnvrtc.so could not be loaded \
+             (install the CUDA toolkit or the nvidia-cuda-nvrtc-cu12 wheel and put its lib directory on LD_LIBRARY_PATH)"
+            .into())
+    }
+}
+
+/// The PTX of every kernel for virtual architecture `arch` (e.g. `compute_90`),
+/// compiled on first use and kept for the process.
+pub fn ptx_for(arch: &str) -> Result<String> {
+    static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(p) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(arch) {
+        return Ok(p.clone());
+    }
+    // Compiled outside the lock: two threads racing compile twice, harmlessly.
+    let ptx = compile(arch)?;
+    cache.lock().unwrap_or_else(|p| p.into_inner()).insert(arch.to_string(), ptx.clone());
+    Ok(ptx)
+}
+
+/// Compile the kernel source for `arch` (uncached).
+///
+/// The flags pin IEEE arithmetic (no flush-to-zero, no fused multiply-add, exact
+/// division) so results match the host kernels whatever NVRTC's defaults become.
+pub fn compile(arch: &str) -> Result<String> {
+    nvrtc_available().map_err(Error::Unsupported)?;
+    let opts = CompileOptions {
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        fmad: Some(false),
+        options: vec![format!("--gpu-architecture={arch}")],
+        name: Some("braid_reduce.cu".into()),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    // cudarc panics (rather than erring) when a symbol is missing from the library
+    // it loaded, or on an interior NUL; neither may take the process down.
+    let out = catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(kernels::source(), opts))).map_err(|_| {
+        Error::Unsupported(format!(
+            "NVRTC panicked compiling the CUDA reductions for {arch} (an incompatible libnvrtc?)"
+        ))
+    })?;
+    let ptx = out.map_err(|e| Error::Device(format!("NVRTC failed to compile the CUDA reductions for {arch}: {e}")))?;
+    let src = ptx.to_src();
+    tracing::debug!(arch, bytes = src.len(), ms = started.elapsed().as_millis() as u64, "compiled the CUDA reductions");
+    Ok(src)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether NVRTC is here; panics when it must be (`BRAID_REQUIRE_NVRTC=1`, as in CI).
+    fn nvrtc_or_skip(test: &str) -> bool {
+        match nvrtc_available() {
+            Ok(()) => true,
+            Err(why) => {
+                assert!(std::env::var("BRAID_REQUIRE_NVRTC").as_deref() != Ok("1"), "BRAID_REQUIRE_NVRTC=1 but {why}");
+                eprintln!("skipping {test}: {why}");
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn nvrtc_compiles_every_kernel() {
+        if !nvrtc_or_skip("nvrtc_compiles_every_kernel") {
+            return;
+        }
+        for arch in ["compute_70", "compute_90"] {
+            let started = Instant::now();
+            let ptx = compile(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            eprintln!("NVRTC {arch}: {} bytes of PTX in {} ms", ptx.len(), started.elapsed().as_millis());
+            let target = format!(".target sm_{}", &arch["compute_".len()..]);
+            assert!(ptx.contains(&target), "{arch}: no `{target}` in the PTX");
+            for name in kernels::kernel_names() {
+                assert!(ptx.contains(&format!(".entry {name}(")), "{arch}: no .entry for {name}");
+            }
+            assert_eq!(ptx.matches(".entry ").count(), kernels::kernel_names().len(), "{arch}: unexpected entries");
+            // IEEE arithmetic as on the host: no flushed subnormals, no contractions.
+            assert!(!ptx.contains(".ftz"), "{arch}: flush-to-zero in the PTX");
+            assert!(!ptx.contains("fma."), "{arch}: a fused multiply-add in the PTX");
+            assert!(ptx.contains("add.rn.f32") && ptx.contains("div.rn.f64"), "{arch}: rounding not explicit");
+            if std::env::var_os("BRAID_DUMP_PTX").is_some() {
+                std::fs::write(format!("/tmp/braid-{arch}.ptx"), &ptx).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn cached_ptx_is_the_compiled_ptx_of_that_arch() {
+        if !nvrtc_or_skip("cached_ptx_is_the_compiled_ptx_of_that_arch") {
+            return;
+        }
+        let cached = ptx_for("compute_80").unwrap();
+        assert!(cached.contains(".target sm_80"));
+        assert_eq!(ptx_for("compute_80").unwrap(), cached);
+        assert_eq!(compile("compute_80").unwrap(), cached);
+    }
+
+    #[test]
+    fn a_bad_architecture_is_an_error_not_a_panic() {
+        if !nvrtc_or_skip("a_bad_architecture_is_an_error_not_a_panic") {
+            return;
+        }
+        match compile("compute_1") {
+            Err(Error::Device(m)) => assert!(m.contains("compute_1"), "{m}"),
+            other => panic!("expected a device error, got {other:?}"),
+        }
+    }
+}
