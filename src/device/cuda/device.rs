@@ -376,6 +376,7 @@ impl Device for CudaDevice {
     }
 
     fn record(&self) -> Result<Ticket> {
+        self.bind("recording an event")?;
         let mut t = lock(&self.tickets);
         if t.pending.len() >= MAX_PENDING {
             // Tickets nobody polls: retire the completed ones so events are reused.
@@ -402,6 +403,7 @@ impl Device for CudaDevice {
     }
 
     fn is_complete(&self, ticket: Ticket) -> Result<bool> {
+        self.bind("polling an event")?;
         let mut t = lock(&self.tickets);
         if ticket.0 <= t.completed {
             return Ok(true);
@@ -477,7 +479,16 @@ fn kernels_for(ctx: &Arc<CudaContext>, name: &str) -> Result<Arc<Kernels>> {
         }
         Err(e) => return Err(e),
     };
-    let module = guarded(name, "loading the reduction kernels", || ctx.load_module(Ptx::from_src(ptx)))?;
+    let module =
+        guarded(name, "loading the reduction kernels", || ctx.load_module(Ptx::from_src(ptx))).map_err(|e| {
+            match e {
+                // The PTX is as new as the NVRTC that wrote it; the driver must be too.
+                Error::Device(m) if m.contains("UNSUPPORTED_PTX_VERSION") => Error::Unsupported(format!(
+                    "{m} (the NVRTC library is newer than the CUDA driver: use an NVRTC no newer than the driver)"
+                )),
+                other => other,
+            }
+        })?;
     let function = |kname: String| guarded(name, &format!("finding {kname}"), || module.load_function(&kname));
     let mut reduce = Vec::with_capacity(DType::ALL.len() * COMBINERS.len());
     let mut finalize = Vec::with_capacity(DType::ALL.len());

@@ -23,6 +23,7 @@ fn new_is_a_device_or_an_unsupported_error_naming_cuda() {
             assert!(dev.describe().starts_with("cuda:0 ("), "{}", dev.describe());
         }
         Err(Error::Unsupported(m)) => {
+            eprintln!("CudaDevice::new(0): {m}");
             assert!(m.starts_with("cuda:0: ") && m.contains("CUDA"), "{m}");
             assert!(!m.contains('\n'), "one line: {m}");
             if !driver {
