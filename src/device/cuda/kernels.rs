@@ -260,4 +260,4 @@ fn generate() -> String {
 
 #[cfg(test)]
 #[path = "kernels_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -151,9 +151,10 @@ impl Drop for HostKernels {
     }
 }
 
-struct Rng(u64);
+/// Deterministic test inputs (also used by the GPU tests).
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         // xorshift64*: deterministic and fast; quality is plenty for test inputs.
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -222,7 +223,7 @@ fn specials(dtype: DType) -> Vec<u64> {
 
 /// Operand vectors `(a, b)` for a dtype, as bytes: every pair of specials, every
 /// 16-bit pattern against a rotating partner (f16/bf16), then random bits.
-fn operands(dtype: DType, rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
+pub(crate) fn operands(dtype: DType, rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
     let size = dtype.size();
     let sp = specials(dtype);
     let mut a = Vec::new();

@@ -125,6 +125,47 @@ fn gpu_reduce_and_finalize_match_the_host_for_every_dtype_and_op() {
 }
 
 #[test]
+fn gpu_reduce_and_finalize_match_the_host_on_adversarial_bits() {
+    // NaN payloads, signed zeros, subnormals, overflow and rounding ties: where the
+    // GPU's own float behaviour (canonical NaN 0x7FFFFFFF, min/max instructions)
+    // would differ from the host's, the kernels must not.
+    let Some(cuda) = gpu("gpu_reduce_and_finalize_match_the_host_on_adversarial_bits") else { return };
+    let dev: Arc<dyn Device> = cuda;
+    let mut rng = super::kernels::tests::Rng(0x5DEE_CE66_D1CE_4E5B);
+    for dtype in DType::ALL {
+        let (a, b) = super::kernels::tests::operands(dtype, &mut rng);
+        let (da, db) = (upload(&dev, &a), upload(&dev, &b));
+        for op in super::kernels::COMBINERS {
+            let mut want = vec![0u8; a.len()];
+            crate::reduce::reduce_into(dtype, op, &mut want, &a, &b).unwrap();
+            let out = DeviceBuffer::new(&dev, a.len()).unwrap();
+            // SAFETY: three live device buffers of a.len() bytes, used only here.
+            unsafe { dev.reduce(out.ptr(), da.ptr(), db.ptr(), a.len(), dtype, op) }.unwrap();
+            let got = download(&out);
+            let s = dtype.size();
+            if let Some(i) = (0..a.len() / s).find(|i| got[i * s..(i + 1) * s] != want[i * s..(i + 1) * s]) {
+                let r = i * s..(i + 1) * s;
+                panic!(
+                    "{dtype} {op} element {i}: a={:02x?} b={:02x?} gpu={:02x?} host={:02x?}",
+                    &a[r.clone()],
+                    &b[r.clone()],
+                    &got[r.clone()],
+                    &want[r]
+                );
+            }
+        }
+        for world in [3usize, 1000] {
+            let mut host = a.clone();
+            crate::reduce::finalize(dtype, ReduceOp::Avg, &mut host, world).unwrap();
+            let buf = upload(&dev, &a);
+            // SAFETY: a live device buffer of a.len() bytes.
+            unsafe { dev.finalize(buf.ptr(), a.len(), dtype, ReduceOp::Avg, world) }.unwrap();
+            assert!(download(&buf) == host, "{dtype} avg over {world}: differs from the host's");
+        }
+    }
+}
+
+#[test]
 fn gpu_reduce_refuses_partial_and_misaligned_elements() {
     let Some(cuda) = gpu("gpu_reduce_refuses_partial_and_misaligned_elements") else { return };
     let dev: Arc<dyn Device> = cuda;
