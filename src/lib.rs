@@ -13,7 +13,9 @@
 //!   algorithm/  pure planners: plan(op, rank, world, count) -> Schedule  (no I/O, no clock)
 //!     │
 //!   executor    the one place a Schedule meets the peers: rounds, deadlines, errors,
-//!               over a PeerChannel per peer (StreamChannel: framing, single copy)
+//!               over a PeerChannel per peer (StreamChannel: framing, single copy;
+//!               StagedChannel: device regions through host staging, device reductions)
+//!     │           device/  what an accelerator must do (Device; SimDevice, CUDA)
 //!     │
 //!   transport/  a Link per peer: in-process rings, TCP
 //!     │

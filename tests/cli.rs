@@ -189,6 +189,25 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
     }
 }
 
+/// The device path end to end across processes (shared memory between them): every
+/// collective on simulated device buffers, checked element by element.
+#[test]
+fn perf_on_device_buffers_checks_every_collective() {
+    for op in ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all"] {
+        let out = Command::new(BRAID)
+            .args(["perf", "--op", op, "--ranks", "3", "--device", "sim", "--min-bytes", "1K"])
+            .args(["--max-bytes", "3M", "--factor", "50", "--iters", "2", "--warmup", "1", "--check"])
+            .args(["--dtype", "i32", "--out-of-place"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{op}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("# device buffers: 0=sim:rank0 1=sim:rank1 2=sim:rank2"), "{op}: {text}");
+        assert!(text.contains("# Out of bounds values : 0 OK"), "{op}: {text}");
+        assert!(text.lines().filter(|l| l.starts_with("  ")).count() >= 2, "{op}: no rows\n{text}");
+    }
+}
+
 #[test]
 fn perf_without_check_says_nothing_was_checked() {
     let out = Command::new(BRAID)

@@ -1,7 +1,10 @@
 //! Argument checking and buffer layout of every call, in issue order.
 
+use std::sync::Arc;
+
 use super::turn::Shared;
 use crate::algorithm::PlanRequest;
+use crate::device::{Device, DeviceBuffer, DevicePtr};
 use crate::error::{Error, Result};
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
@@ -40,8 +43,9 @@ impl Core {
         Ok(len / self.world)
     }
 
-    /// Check sizes and work out the buffer layout (in-place aliasing included).
-    fn prepare(&self, sig: CallSig, input: Option<&[u8]>, output: &mut [u8]) -> Result<Prepared> {
+    /// Check sizes and work out the buffer layout (in-place aliasing included), on
+    /// `(start, length)` pairs: host slices, or device buffers.
+    fn prepare(&self, sig: CallSig, input: Option<(*const u8, usize)>, output: (*mut u8, usize)) -> Result<Prepared> {
         if matches!(sig.op, OpKind::Send | OpKind::Recv) {
             return Err(self.arg("use send/recv for point-to-point calls".into()));
         }
@@ -65,20 +69,19 @@ impl Core {
         };
         let (in_bytes, out_bytes) = (req.input_bytes(), req.output_bytes());
         let is_root = sig.root as usize == self.rank;
-        let base = output.as_mut_ptr();
-        let out_len = output.len();
+        let (base, out_len) = output;
         match input {
-            Some(inp) => {
+            Some((in_ptr, in_len)) => {
                 // Non-roots of a broadcast have no input; non-roots of a reduce no output.
                 let has_input = sig.op != OpKind::Broadcast || is_root;
                 let has_output = sig.op != OpKind::Reduce || is_root;
-                if has_input && inp.len() != in_bytes {
-                    return Err(self.arg(format!("{sig}: input has {} bytes, expected {in_bytes}", inp.len())));
+                if has_input && in_len != in_bytes {
+                    return Err(self.arg(format!("{sig}: input has {in_len} bytes, expected {in_bytes}")));
                 }
                 if has_output && out_len != out_bytes {
                     return Err(self.arg(format!("{sig}: output has {out_len} bytes, expected {out_bytes}")));
                 }
-                Ok(Prepared { sig, input: inp.as_ptr(), input_len: inp.len(), output: base, output_len: out_len })
+                Ok(Prepared { sig, input: in_ptr, input_len: in_len, output: base, output_len: out_len })
             }
             None => {
                 let need = in_bytes.max(out_bytes);
@@ -86,11 +89,12 @@ impl Core {
                     return Err(self.arg(format!("{sig}: in-place buffer has {out_len} bytes, expected {need}")));
                 }
                 let block = count * sig.dtype.size();
-                // SAFETY (both adds): block `rank` lies inside the buffer, whose length was checked.
+                // Block `rank` lies inside the buffer, whose length was checked;
+                // wrapping, since a device buffer's start is not a host pointer.
                 Ok(match sig.op {
                     OpKind::AllGather => Prepared {
                         sig,
-                        input: unsafe { base.add(self.rank * block) },
+                        input: base.wrapping_add(self.rank * block),
                         input_len: block,
                         output: base,
                         output_len: need,
@@ -99,7 +103,7 @@ impl Core {
                         sig,
                         input: base,
                         input_len: need,
-                        output: unsafe { base.add(self.rank * block) },
+                        output: base.wrapping_add(self.rank * block),
                         output_len: block,
                     },
                     _ => Prepared { sig, input: base, input_len: need, output: base, output_len: need },
@@ -124,19 +128,50 @@ impl Core {
         }
         // Checked in turn, so that whatever happens there the ticket is used.
         self.shared.in_turn(ticket, Some(sig), |e| {
-            let p = self.prepare(sig, input, output)?;
-            e.collective(p.sig, p.input, p.input_len, p.output, p.output_len)
+            let p = self.prepare(sig, input.map(|i| (i.as_ptr(), i.len())), (output.as_mut_ptr(), output.len()))?;
+            e.collective(p.sig, (p.input, p.input_len), (p.output, p.output_len), None)
         })
     }
 
+    /// Run a collective on device buffers at `ticket`.
+    ///
+    /// # Safety
+    /// The ranges are memory of `device`, valid and unaliased (but as the in-place
+    /// layouts say) until the call returns.
+    pub(super) unsafe fn collective_device_at(
+        &self,
+        ticket: u64,
+        sig: CallSig,
+        device: &Arc<dyn Device>,
+        input: Option<(DevicePtr, usize)>,
+        output: (DevicePtr, usize),
+    ) -> Result<()> {
+        let sig = CallSig::new(sig.op, sig.dtype, sig.count, sig.root, sig.reduce_op);
+        if sig.op == OpKind::AllToAll && input.is_none() {
+            // Every block is both read and overwritten: work from a copy.
+            let copy = DeviceBuffer::new(device, output.1)?;
+            // SAFETY: `copy` is ours and of the same length; the caller vouches for output.
+            unsafe { device.copy_on_device(copy.ptr(), output.0, output.1)? };
+            // SAFETY: as the caller's, plus `copy`, alive until this returns.
+            return unsafe { self.collective_device_at(ticket, sig, device, Some((copy.ptr(), copy.len())), output) };
+        }
+        let as_ptr = |p: DevicePtr| p as usize as *mut u8;
+        self.shared.in_turn(ticket, Some(sig), |e| {
+            let p = self.prepare(sig, input.map(|(p, l)| (as_ptr(p) as *const u8, l)), (as_ptr(output.0), output.1))?;
+            e.collective(p.sig, (p.input, p.input_len), (p.output, p.output_len), Some(device))
+        })
+    }
+
+    /// Send or receive `len` bytes at `ptr` (a device address with `device`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn p2p_at(
         &self,
         ticket: u64,
         op: OpKind,
-        ptr: *mut u8,
-        len: usize,
+        (ptr, len): (*mut u8, usize),
         dtype: DType,
         peer: usize,
+        device: Option<&Arc<dyn Device>>,
     ) -> Result<()> {
         let checked = self.check_rank("peer", peer).and_then(|()| {
             if peer == self.rank {
@@ -148,6 +183,6 @@ impl Core {
             Ok(CallSig::new(op, dtype, (len / dtype.size()) as u64, peer as u32, ReduceOp::Sum))
         });
         let sig = checked.as_ref().ok().copied();
-        self.shared.in_turn(ticket, sig, |e| e.point_to_point(checked?, peer, ptr, len))
+        self.shared.in_turn(ticket, sig, |e| e.point_to_point(checked?, peer, (ptr, len), device))
     }
 }

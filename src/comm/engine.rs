@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{self, Algorithm, BufId, PlanRequest, Region, Round, Schedule, Step};
+use crate::device::{Device, DeviceBuffer, DevicePtr};
 use crate::error::{Error, OpContext, Result};
 use crate::executor::{self, Buffers, CallInfo, MemKind, PeerChannel, WaitPolicy};
 use crate::frame::FrameKind;
@@ -35,6 +36,8 @@ pub(crate) struct Engine {
     /// once per pass of its transfer loop.
     pub(super) aborted: Arc<AtomicBool>,
     pub(super) scratch: Vec<u8>,
+    /// Scratch of the last call on device buffers (kept while the device is).
+    pub(super) device_scratch: Option<DeviceBuffer>,
     pub(super) queues: executor::Queues,
     pub(super) plans: HashMap<PlanKey, Arc<Schedule>>,
     pub(super) last_plan: Option<(PlanKey, Arc<Schedule>)>,
@@ -66,6 +69,7 @@ impl Engine {
             broken: None,
             aborted,
             scratch: Vec::new(),
+            device_scratch: None,
             queues: executor::Queues::default(),
             plans: HashMap::new(),
             last_plan: None,
@@ -134,6 +138,9 @@ impl Engine {
         let executed = unsafe { executor::execute(schedule, &mut self.channels, &mut self.queues, bufs, &info) };
         let mut result = executed.and_then(|()| {
             if sig.reduce_op == ReduceOp::Avg && sig.op.reduces() {
+                if let Some(dev) = &bufs.device {
+                    return finalize_on_device(dev.as_ref(), sig, schedule, bufs, self.world);
+                }
                 for r in &schedule.finalize {
                     let (base, len) = match r.buf {
                         BufId::Output => (bufs.output, bufs.output_len),
@@ -194,13 +201,14 @@ impl Engine {
         }
     }
 
+    /// Run a collective on host buffers, or with `device` on that device's buffers
+    /// (the pointers are then device addresses).
     pub(super) fn collective(
         &mut self,
         sig: CallSig,
-        input: *const u8,
-        input_len: usize,
-        output: *mut u8,
-        output_len: usize,
+        (input, input_len): (*const u8, usize),
+        (output, output_len): (*mut u8, usize),
+        device: Option<&Arc<dyn Device>>,
     ) -> Result<()> {
         let seq = self.coll_seq;
         self.coll_seq += 1;
@@ -211,14 +219,26 @@ impl Engine {
             output,
             output_len,
             scratch: std::mem::take(&mut self.scratch),
-            kind: MemKind::Host,
+            kind: if device.is_some() { MemKind::Device } else { MemKind::Host },
+            device: device.cloned(),
+            device_scratch: if device.is_some() { self.device_scratch.take() } else { None },
         };
         let r = self.run(sig, &schedule, &mut bufs, (seq, seq));
-        self.scratch = bufs.scratch;
-        r
+        self.scratch = std::mem::take(&mut bufs.scratch);
+        if device.is_some() {
+            self.device_scratch = bufs.device_scratch.take();
+        }
+        settle(r, &bufs)
     }
 
-    pub(super) fn point_to_point(&mut self, sig: CallSig, peer: usize, buf: *mut u8, len: usize) -> Result<()> {
+    /// Send or receive `len` bytes at `buf` (a device address with `device`).
+    pub(super) fn point_to_point(
+        &mut self,
+        sig: CallSig,
+        peer: usize,
+        (buf, len): (*mut u8, usize),
+        device: Option<&Arc<dyn Device>>,
+    ) -> Result<()> {
         let (step, seqs) = if sig.op == OpKind::Send {
             let s = self.p2p_sent[peer];
             self.p2p_sent[peer] += 1;
@@ -240,10 +260,44 @@ impl Engine {
             output: buf,
             output_len: len,
             scratch: Vec::new(),
-            kind: MemKind::Host,
+            kind: if device.is_some() { MemKind::Device } else { MemKind::Host },
+            device: device.cloned(),
+            device_scratch: None,
         };
-        self.run(sig, &schedule, &mut bufs, seqs)
+        let r = self.run(sig, &schedule, &mut bufs, seqs);
+        settle(r, &bufs)
     }
+}
+
+/// A call on device buffers returns once the device has finished its work: the
+/// output is then final for the host and for later work on any stream.
+fn settle(r: Result<()>, bufs: &Buffers) -> Result<()> {
+    match &bufs.device {
+        Some(dev) => {
+            let synced = dev.synchronize();
+            r.and(synced)
+        }
+        None => r,
+    }
+}
+
+/// Divide an average's result regions by the world size on the device.
+fn finalize_on_device(dev: &dyn Device, sig: CallSig, schedule: &Schedule, bufs: &Buffers, world: usize) -> Result<()> {
+    for r in &schedule.finalize {
+        let (base, len) = match (r.buf, &bufs.device_scratch) {
+            (BufId::Output, _) => (bufs.output as usize as DevicePtr, bufs.output_len),
+            (BufId::Input, _) => (bufs.input as usize as DevicePtr, bufs.input_len),
+            (BufId::Scratch, Some(d)) => (d.ptr(), d.len()),
+            (BufId::Scratch, None) => (0, 0),
+        };
+        if r.end() > len {
+            return Err(Error::InvalidArgument(format!("finalize region {r:?} out of bounds")));
+        }
+        // SAFETY: an in-bounds region of the call's device buffers, which the caller
+        // keeps for the call; `settle` waits for this work before the call returns.
+        unsafe { dev.finalize(base + r.offset as u64, r.len, sig.dtype, sig.reduce_op, world)? };
+    }
+    Ok(())
 }
 
 impl Drop for Engine {

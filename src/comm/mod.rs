@@ -20,6 +20,7 @@
 
 mod builder;
 mod calls;
+mod device_calls;
 mod engine;
 mod split;
 mod turn;
@@ -235,13 +236,13 @@ impl Communicator {
     /// Send `buf` (bytes of `dtype`) to `peer`; matched by that peer's `recv_bytes`.
     pub fn send_bytes(&self, buf: &[u8], dtype: DType, peer: usize) -> Result<()> {
         let t = self.core.shared.take_ticket();
-        self.core.p2p_at(t, OpKind::Send, buf.as_ptr() as *mut u8, buf.len(), dtype, peer)
+        self.core.p2p_at(t, OpKind::Send, (buf.as_ptr() as *mut u8, buf.len()), dtype, peer, None)
     }
 
     /// Receive into `buf` (bytes of `dtype`) from `peer`.
     pub fn recv_bytes(&self, buf: &mut [u8], dtype: DType, peer: usize) -> Result<()> {
         let t = self.core.shared.take_ticket();
-        self.core.p2p_at(t, OpKind::Recv, buf.as_mut_ptr(), buf.len(), dtype, peer)
+        self.core.p2p_at(t, OpKind::Recv, (buf.as_mut_ptr(), buf.len()), dtype, peer, None)
     }
 
     fn typed<T: Element>(

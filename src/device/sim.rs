@@ -214,7 +214,9 @@ impl Device for SimDevice {
     }
 
     fn alloc_host(&self, len: usize) -> Result<*mut u8> {
-        let p = Box::into_raw(vec![0u8; len].into_boxed_slice()) as *mut u8;
+        // At least one byte, so every allocation has its own address (empty boxes
+        // all share one dangling pointer).
+        let p = Box::into_raw(vec![0u8; len.max(1)].into_boxed_slice()) as *mut u8;
         self.lock().hosts.insert(p as usize, len);
         Ok(p)
     }
@@ -223,9 +225,9 @@ impl Device for SimDevice {
         let mut st = self.lock();
         st.drain();
         assert_eq!(st.hosts.remove(&(ptr as usize)), Some(len), "{}: free of host buffer not allocated", self.name);
-        // SAFETY: ptr/len came from Box::into_raw of a boxed slice of `len` bytes in
-        // alloc_host, and the map entry just removed proves it is freed only once.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) });
+        // SAFETY: ptr came from Box::into_raw of a boxed slice of `len.max(1)` bytes
+        // in alloc_host, and the map entry just removed proves it is freed only once.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len.max(1))) });
     }
 
     unsafe fn copy_to_host(&self, dst: *mut u8, src: DevicePtr, len: usize) -> Result<()> {
@@ -287,9 +289,9 @@ impl Drop for SimDevice {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for (&p, &len) in &st.hosts {
-            // SAFETY: every entry is a live Box<[u8]> of `len` bytes from alloc_host
-            // that no HostBuffer frees any more (a HostBuffer holds the device alive).
-            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p as *mut u8, len)) });
+            // SAFETY: every entry is a live Box<[u8]> of `len.max(1)` bytes from
+            // alloc_host that no HostBuffer frees any more (one holds the device alive).
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p as *mut u8, len.max(1))) });
         }
     }
 }

@@ -33,6 +33,18 @@ use crate::types::{DType, ReduceOp};
 
 use super::CallInfo;
 
+/// Gates count the final bytes of pieces of this size: piece `k` of a region is
+/// `[k * PIECE_BYTES, min((k + 1) * PIECE_BYTES, len))`, and a zero-length region is
+/// one empty piece. Every channel cuts regions this way, so a forward on one channel
+/// can follow a receive on another.
+pub const PIECE_BYTES: usize = super::stream::SEGMENT_BYTES;
+
+/// The `(offset, length)` of the pieces of a region of `len` bytes (see [`PIECE_BYTES`]).
+pub fn pieces(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = len.div_ceil(PIECE_BYTES).max(1);
+    (0..n).map(move |i| (i * PIECE_BYTES, (len - i * PIECE_BYTES).min(PIECE_BYTES)))
+}
+
 /// Where the memory of a region lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemKind {
@@ -41,7 +53,9 @@ pub enum MemKind {
     /// Host memory in a segment registered with braid (a peer on the same host may
     /// map it; a verbs channel would have it registered with the device).
     RegisteredHost,
-    /// Memory of an accelerator. No channel handles it yet.
+    /// Memory of an accelerator ([`crate::device::Device`]); the pointer is a device
+    /// address. Host channels move it through a
+    /// [`StagedChannel`](super::staged::StagedChannel).
     Device,
 }
 
@@ -101,8 +115,9 @@ pub trait PeerChannel: Send {
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()>;
 
     /// Post a receive of `dst.len` bytes from the peer into `dst`, combined with
-    /// `reduce` if given. With `forward` (receive-reduces only), each piece pushes a
-    /// gate onto it and raises that gate as the piece becomes final.
+    /// `reduce` if given. With `forward`, each piece (a [`PIECE_BYTES`] cut of `dst`)
+    /// pushes a gate onto it and raises that gate, in bytes, as the piece becomes
+    /// final: as it is reduced, or for a plain receive as it lands.
     fn post_recv(
         &mut self,
         dst: MemRegion,

@@ -25,10 +25,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{BufId, Region, Schedule, Step};
+use crate::device::{Device, DeviceBuffer, DevicePtr};
 use crate::error::{Error, OpContext, Result};
 use crate::reduce;
 
 pub mod channel;
+pub mod staged;
 pub mod stream;
 use crate::types::{CallSig, DType, ReduceOp};
 pub use channel::{MemKind, MemRegion, PeerChannel, Readiness, Reduction};
@@ -75,20 +77,32 @@ pub struct Buffers {
     pub scratch: Vec<u8>,
     /// Where input and output live.
     pub kind: MemKind,
+    /// The device of a call on device buffers (`kind` is then [`MemKind::Device`]
+    /// and `input`/`output` are device addresses).
+    pub device: Option<Arc<dyn Device>>,
+    /// Scratch on that device, kept between calls; replaced when too small or of
+    /// another device.
+    pub device_scratch: Option<DeviceBuffer>,
 }
 
 impl Buffers {
     /// The bounds-checked region `r`, with its memory kind.
     fn region(&mut self, r: &Region) -> Result<MemRegion> {
-        let kind = if r.buf == BufId::Scratch { MemKind::Host } else { self.kind };
+        let kind = if r.buf == BufId::Scratch && self.device.is_none() { MemKind::Host } else { self.kind };
         Ok(MemRegion { ptr: self.ptr(r)?, len: r.len, kind })
     }
 
+    /// The start of region `r`, bounds-checked: a host pointer, or for a call on
+    /// device buffers a device address (in a pointer's clothing).
     fn ptr(&mut self, r: &Region) -> Result<*mut u8> {
         let (base, len) = match r.buf {
             BufId::Input => (self.input as *mut u8, self.input_len),
             BufId::Output => (self.output, self.output_len),
-            BufId::Scratch => (self.scratch.as_mut_ptr(), self.scratch.len()),
+            BufId::Scratch => match (&self.device, &self.device_scratch) {
+                (Some(_), Some(d)) => (d.ptr() as usize as *mut u8, d.len()),
+                (Some(_), None) => (std::ptr::null_mut(), 0),
+                (None, _) => (self.scratch.as_mut_ptr(), self.scratch.len()),
+            },
         };
         if r.end() > len {
             return Err(Error::InvalidArgument(format!(
@@ -98,8 +112,8 @@ impl Buffers {
                 r.end()
             )));
         }
-        // SAFETY: the offset is within the buffer (checked above).
-        Ok(unsafe { base.add(r.offset) })
+        // Wrapping: a device address is not a pointer into this process's memory.
+        Ok(base.wrapping_add(r.offset))
     }
 }
 
@@ -138,7 +152,7 @@ pub struct Queues {
 }
 
 /// The channels of a communicator, indexed by peer rank (None: no link to it).
-pub type Channels = [Option<Box<dyn PeerChannel>>];
+pub type Channels<'a> = [Option<Box<dyn PeerChannel + 'a>>];
 
 /// Run `schedule` over `channels` (indexed by peer rank) with `bufs`.
 ///
@@ -155,21 +169,44 @@ pub unsafe fn execute(
     bufs: &mut Buffers,
     call: &CallInfo,
 ) -> Result<()> {
-    if bufs.scratch.len() < schedule.scratch_bytes {
-        bufs.scratch.resize(schedule.scratch_bytes, 0);
+    let Some(device) = bufs.device.clone() else {
+        if bufs.scratch.len() < schedule.scratch_bytes {
+            bufs.scratch.resize(schedule.scratch_bytes, 0);
+        }
+        let end = CallEnd { channels };
+        return run_rounds(schedule, end.channels, queues, bufs, call);
+    };
+    if bufs.kind != MemKind::Device {
+        return Err(Error::InvalidArgument(format!("{}: a call with a device on host buffers", call.ctx)));
+    }
+    let fits = |d: &DeviceBuffer| d.len() >= schedule.scratch_bytes && Arc::ptr_eq(d.device(), &device);
+    if schedule.scratch_bytes > 0 && !bufs.device_scratch.as_ref().is_some_and(fits) {
+        bufs.device_scratch = None;
+        bufs.device_scratch = Some(DeviceBuffer::new(&device, schedule.scratch_bytes)?);
     }
     let end = CallEnd { channels };
-    run_rounds(schedule, end.channels, queues, bufs, call)
+    // Each peer's channel, staged through the device's host buffers for this call.
+    // Dropped before `end` (declared after it), so the device is synchronized and
+    // the staging buffers are withdrawn before the inner channels end the call.
+    let mut staged: Vec<Option<Box<dyn PeerChannel + '_>>> = end
+        .channels
+        .iter_mut()
+        .map(|ch| {
+            ch.as_mut()
+                .map(|c| Box::new(staged::StagedChannel::new(c.as_mut(), device.clone())) as Box<dyn PeerChannel>)
+        })
+        .collect();
+    run_rounds(schedule, &mut staged, queues, bufs, call)
 }
 
 /// Ends a call's hold on its buffers however `execute` leaves it (success, error or
 /// panic): every channel revokes what the peers were allowed to read, so a peer that
 /// reads late gets an error instead of freed memory, and forgets the posted pointers.
-struct CallEnd<'a> {
-    channels: &'a mut Channels,
+struct CallEnd<'a, 'c> {
+    channels: &'a mut Channels<'c>,
 }
 
-impl Drop for CallEnd<'_> {
+impl Drop for CallEnd<'_, '_> {
     fn drop(&mut self) {
         for ch in self.channels.iter_mut().flatten() {
             ch.end_call();
@@ -246,6 +283,11 @@ fn no_link(peer: usize, call: &CallInfo) -> Error {
 fn local_copy(bufs: &mut Buffers, src: &Region, dst: &Region) -> Result<()> {
     let s = bufs.ptr(src)? as *const u8;
     let d = bufs.ptr(dst)?;
+    if let Some(dev) = &bufs.device {
+        // SAFETY: both ranges are inside the call's device buffers (checked above),
+        // which the caller keeps for the call; the call synchronizes before it ends.
+        return unsafe { dev.copy_on_device(d as usize as DevicePtr, s as usize as DevicePtr, src.len.min(dst.len)) };
+    }
     if !std::ptr::eq(s, d) && src.len > 0 {
         // SAFETY: both ranges are inside their buffers; `copy` tolerates overlap.
         unsafe { std::ptr::copy(s, d, src.len.min(dst.len)) };
@@ -258,6 +300,11 @@ fn local_reduce(bufs: &mut Buffers, src: &Region, dst: &Region, call: &CallInfo)
     let d = bufs.ptr(dst)?;
     if src.len != dst.len || src.overlaps(dst) {
         return Err(Error::InvalidArgument(format!("bad local reduce regions {src:?} {dst:?}")));
+    }
+    if let Some(dev) = &bufs.device {
+        let (d, s) = (d as usize as DevicePtr, s as usize as DevicePtr);
+        // SAFETY: disjoint ranges inside the call's device buffers (checked above).
+        return unsafe { dev.reduce(d, d, s, dst.len, call.dtype, call.reduce_op.combiner()) };
     }
     // SAFETY: disjoint in-bounds ranges of live buffers.
     let (acc, inc) = unsafe { (std::slice::from_raw_parts_mut(d, dst.len), std::slice::from_raw_parts(s, src.len)) };

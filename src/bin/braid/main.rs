@@ -2,6 +2,7 @@
 
 mod launch;
 mod perf;
+mod perf_device;
 
 use clap::{Parser, Subcommand};
 

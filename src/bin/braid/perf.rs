@@ -2,15 +2,18 @@
 //! result is exact whatever the reduction order and `--check` compares bit for bit.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid::config::parse_size;
+use braid::device::Device;
 use braid::transport::TransportKind;
 use braid::{CallSig, Communicator, Config, DType, OpKind, ReduceOp};
 use clap::Args;
 use half::{bf16, f16};
 
 use crate::launch::{launch, Launch};
+use crate::perf_device::{self, DeviceBufs, DeviceChoice};
 
 /// Arguments of `braid perf`.
 #[derive(Args, Debug, Clone)]
@@ -49,9 +52,15 @@ pub struct PerfArgs {
     #[arg(long, default_value = "auto")]
     pub algo: String,
     /// Transport: `auto` (shared memory within a host, TCP across), `shm`, `tcp`,
-    /// `inproc` (threads of one process); `cuda` and `rdma` say why they cannot run.
+    /// `inproc` (threads of one process), `cuda` (buffers on GPUs, moved over the
+    /// automatic links: the same as `--device cuda`), `rdma`. Where one cannot run,
+    /// one line says why.
     #[arg(long, default_value = "auto")]
     pub transport: String,
+    /// Where the buffers live: `none` (host memory), `sim` (the simulated device),
+    /// `cuda` (GPU `rank % count` of this host).
+    #[arg(long, value_enum, default_value = "none")]
+    pub device: DeviceChoice,
     /// Separate input and output buffers (default: in place).
     #[arg(long)]
     pub out_of_place: bool,
@@ -75,7 +84,14 @@ fn parse_op(s: &str) -> Result<OpKind, String> {
     Ok(op)
 }
 
-pub fn main(args: PerfArgs) -> i32 {
+pub fn main(mut args: PerfArgs) -> i32 {
+    if args.transport.eq_ignore_ascii_case("cuda") {
+        if args.device == DeviceChoice::Sim {
+            eprintln!("braid perf: --transport cuda puts the buffers on GPUs; it does not go with --device sim");
+            return 2;
+        }
+        args.device = DeviceChoice::Cuda;
+    }
     if args.factor <= 1.0 && args.min_bytes != args.max_bytes {
         eprintln!("braid perf: --factor must be greater than 1");
         return 2;
@@ -123,7 +139,14 @@ pub fn main(args: PerfArgs) -> i32 {
 }
 
 fn one_rank(args: PerfArgs, mut cfg: Config) -> i32 {
-    if let Ok(kind) = args.transport.parse::<TransportKind>() {
+    // CUDA buffers move over the automatic links (see `--device`).
+    if let Ok(kind) = args.transport.parse::<TransportKind>().map_err(|_| ()).and_then(|k| {
+        if k == TransportKind::Cuda {
+            Err(())
+        } else {
+            Ok(k)
+        }
+    }) {
         cfg.transports = Some(vec![kind]);
     }
     let rank = cfg.rank;
@@ -248,13 +271,16 @@ struct Case {
     output: Buf,
     /// The filled input, copied in before every iteration (a memcpy, not a re-encode).
     pristine: Vec<u8>,
+    /// With `--device`: the buffers the collective runs on (`output` then receives
+    /// a copy of the result for `--check`).
+    dev: Option<DeviceBufs>,
 }
 
 fn alloc(a: &PerfArgs, len: usize) -> braid::Result<Buf> {
     Ok(if a.registered { Box::new(braid::registered::SharedBuffer::<u8>::new(len)?) } else { Box::new(vec![0u8; len]) })
 }
 
-fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> braid::Result<Case> {
+fn case(comm: &Communicator, a: &PerfArgs, size: usize, device: Option<&Arc<dyn Device>>) -> braid::Result<Case> {
     let (n, dt, esz) = (comm.world_size(), a.dtype, a.dtype.size());
     let count = match a.op {
         OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => size / (n * esz),
@@ -271,7 +297,8 @@ fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> braid::Result<Case> {
         OpKind::Barrier => (0, 0, 0),
         _ => (count * esz, count * esz, count * esz),
     };
-    let mut c = Case { sig, bytes, input: alloc(a, in_len)?, output: alloc(a, out_len)?, pristine: Vec::new() };
+    let dev = device.map(|d| DeviceBufs::new(d, in_len, out_len)).transpose()?;
+    let mut c = Case { sig, bytes, input: alloc(a, in_len)?, output: alloc(a, out_len)?, pristine: Vec::new(), dev };
     let mut p = vec![0u8; if a.out_of_place { in_len } else { out_len }];
     fill_inputs(comm, a, &c, &mut p);
     c.pristine = p;
@@ -279,9 +306,23 @@ fn case(comm: &Communicator, a: &PerfArgs, size: usize) -> braid::Result<Case> {
 }
 
 /// Refill the inputs (untimed) so every iteration reduces the same values.
-fn prepare(a: &PerfArgs, c: &mut Case) {
+fn prepare(a: &PerfArgs, c: &mut Case) -> braid::Result<()> {
+    if let Some(d) = &mut c.dev {
+        let target = if a.out_of_place { &mut d.input } else { &mut d.output };
+        return target.write(&c.pristine);
+    }
     let target = if a.out_of_place { &mut c.input } else { &mut c.output };
     target.copy_from_slice(&c.pristine);
+    Ok(())
+}
+
+/// One timed iteration.
+fn run(comm: &Communicator, a: &PerfArgs, c: &mut Case) -> braid::Result<()> {
+    match &mut c.dev {
+        Some(d) => comm.collective_device(c.sig, a.out_of_place.then_some(&d.input), &mut d.output),
+        None if a.out_of_place => comm.collective_bytes(c.sig, Some(&c.input), &mut c.output),
+        None => comm.collective_bytes(c.sig, None, &mut c.output),
+    }
 }
 
 /// This rank's input values for the case, written into `target`.
@@ -300,7 +341,14 @@ fn fill_inputs(comm: &Communicator, a: &PerfArgs, c: &Case, target: &mut [u8]) {
     }
 }
 
-fn check(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
+fn check(comm: &Communicator, a: &PerfArgs, c: &mut Case) -> braid::Result<u64> {
+    if let Some(d) = &c.dev {
+        d.output.read(&mut c.output)?;
+    }
+    Ok(check_host(comm, a, c))
+}
+
+fn check_host(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
     let (n, r, dt, rop) = (comm.world_size(), comm.rank(), a.dtype, a.reduce_op);
     let count = c.sig.count as usize;
     let esz = dt.size();
@@ -421,8 +469,26 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     let mut total_wrong = 0u64;
     let mut busbw_sum = 0.0;
     let mut sizes_done = 0;
+    let device = perf_device::open(a.device, rank)?;
+    if let Some(d) = &device {
+        // Every rank's device, gathered so rank 0 can print them all.
+        let mut mine = [0u8; 64];
+        let name = d.describe();
+        let len = name.len().min(mine.len());
+        mine[..len].copy_from_slice(&name.as_bytes()[..len]);
+        let mut all = vec![0u8; 64 * n];
+        comm.all_gather(&mine, &mut all)?;
+        if rank == 0 {
+            let names: Vec<String> = all
+                .chunks(64)
+                .enumerate()
+                .map(|(r, b)| format!("{r}={}", String::from_utf8_lossy(b).trim_end_matches('\0')))
+                .collect();
+            println!("# device buffers: {}", names.join(" "));
+        }
+    }
     for size in sizes(a) {
-        let mut c = case(comm, a, size)?;
+        let mut c = case(comm, a, size, device.as_ref())?;
         if c.sig.count == 0 && a.op != OpKind::Barrier {
             continue;
         }
@@ -439,14 +505,10 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         let algo = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
         let mut times = Vec::with_capacity(iters);
         for it in 0..a.warmup + iters {
-            prepare(a, &mut c);
+            prepare(a, &mut c)?;
             comm.barrier()?;
             let t0 = Instant::now();
-            if a.out_of_place {
-                comm.collective_bytes(c.sig, Some(&c.input), &mut c.output)?;
-            } else {
-                comm.collective_bytes(c.sig, None, &mut c.output)?;
-            }
+            run(comm, a, &mut c)?;
             let dt = t0.elapsed().as_secs_f64();
             if it >= a.warmup {
                 times.push(dt);
@@ -456,7 +518,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
         let t = median(&mut times);
         let wrong = if a.check {
-            let mut w = [check(comm, a, &c) as i64];
+            let mut w = [check(comm, a, &mut c)? as i64];
             comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
             Some(w[0] as u64)
         } else {

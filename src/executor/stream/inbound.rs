@@ -263,7 +263,7 @@ fn receive_into(
                         stream_from_link(ch, m, peer, call)?
                     };
                     if let Some(g) = m.feeds {
-                        gates[g] = m.reduced;
+                        gates[g] = if m.src.is_some() { m.reduced } else { m.got };
                     }
                     if m.got < m.len {
                         return Ok(progressed);
@@ -290,6 +290,10 @@ fn receive_into(
                         if let Some(g) = m.feeds {
                             gates[g] = m.reduced;
                         }
+                    } else if let Some(g) = m.feeds {
+                        // A plain receive raises its gate as bytes land (a staged
+                        // device receive moves each piece on once it is complete).
+                        gates[g] = m.got;
                     }
                     if n == 0 && m.got < m.len {
                         return Ok(progressed);

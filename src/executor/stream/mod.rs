@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use super::channel::{require_host, MemRegion, PeerChannel, Readiness, Reduction};
 use super::{peer_error, CallInfo};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::frame::{FrameKind, Header, HEADER_LEN};
 use crate::registered::SegmentCache;
 use crate::transport::{Link, TransportKind};
@@ -152,14 +152,6 @@ impl PeerChannel for StreamChannel {
         require_host(&dst, "a receive from", peer, kind, call)?;
         if let Some(r) = &reduce {
             require_host(&r.src, "the local operand of a receive-reduce from", peer, kind, call)?;
-        }
-        if forward.is_some() && reduce.is_none() {
-            // Only the reduce paths raise gates: a gated plain receive would hold its
-            // forward back for ever.
-            return Err(Error::InvalidArgument(format!(
-                "{}: a forward gated on a plain receive from rank {peer}; gates need a receive-reduce",
-                call.ctx
-            )));
         }
         let (base, s) = (dst.ptr, reduce.map(|r| r.src.ptr as *const u8));
         let (dtype, op) = reduce.map_or((DType::U8, ReduceOp::Sum), |r| (r.dtype, r.op));
@@ -323,9 +315,9 @@ impl InMsg {
 /// compute the same cut from the length alone; each frame then goes as data or, the
 /// sender's choice, as a rendezvous, which the receiver sees from its kind. A
 /// zero-length transfer is one empty frame (barrier messages).
+/// The cut is that of the gates' pieces ([`super::channel::pieces`]).
 fn frames(len: usize) -> impl Iterator<Item = (usize, usize)> {
-    let n = len.div_ceil(SEGMENT_BYTES).max(1);
-    (0..n).map(move |i| (i * SEGMENT_BYTES, (len - i * SEGMENT_BYTES).min(SEGMENT_BYTES)))
+    super::channel::pieces(len)
 }
 
 #[cfg(test)]

@@ -56,14 +56,31 @@ fn device_regions_are_refused_cleanly() {
     assert!(!a.busy(), "a refused request must leave nothing posted");
 }
 
+/// A plain receive posted with gates raises each piece's gate, in bytes, as the
+/// piece lands (a staged device receive moves pieces on by them).
 #[test]
-fn a_gate_on_a_plain_receive_is_refused() {
-    let (mut a, _b) = pair();
-    let mut buf = [0f32; 16];
+fn a_plain_receive_raises_its_gates_as_pieces_land() {
+    let n = (crate::executor::channel::PIECE_BYTES / 4) + 10;
+    let (mut a, mut b) = pair();
+    let info = call(0, n);
+    let mut src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; n];
     let mut gates = Vec::new();
-    let r = a.post_recv(host(&mut buf), None, Some(&mut gates), &call(0, 16));
-    assert!(matches!(r, Err(Error::InvalidArgument(ref why)) if why.contains("receive-reduce")), "{r:?}");
-    assert!(gates.is_empty() && !a.busy());
+    b.post_recv(host(&mut dst), None, Some(&mut gates), &info).unwrap();
+    assert_eq!(gates, [0, 0], "one gate per piece, closed");
+    a.post_send(host(&mut src), None, &info).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen_partial = false;
+    while a.busy() || b.busy() {
+        assert!(Instant::now() < deadline, "transfer stalled");
+        a.progress(1, &mut [], &info).unwrap();
+        b.progress(0, &mut gates, &info).unwrap();
+        seen_partial |= gates[0] > 0 && gates[1] == 0;
+        assert!(gates[0] <= crate::executor::channel::PIECE_BYTES && gates[1] <= 40);
+    }
+    assert_eq!(gates, [crate::executor::channel::PIECE_BYTES, 40]);
+    assert!(seen_partial, "the first piece's gate rose before the second piece landed");
+    assert_eq!(dst, src);
 }
 
 /// Rank 0 sends x to rank 1, which reduces it into x + y and forwards the sum to

@@ -1,0 +1,147 @@
+//! Collectives on device buffers ([`DeviceBuffer`], or raw device ranges).
+//!
+//! The schedules are the host ones; the executor stages device regions through
+//! the device's host buffers over whatever links connect the ranks and reduces on
+//! the device (see [`crate::executor::staged`]). Several ranks may use one device.
+//! A call returns when its result is final on the device; work enqueued on the
+//! device's stream before the call is seen by it.
+
+use std::sync::Arc;
+
+use super::Communicator;
+use crate::device::{Device, DeviceBuffer, DevicePtr};
+use crate::error::{Error, Result};
+use crate::types::{CallSig, DType, OpKind, ReduceOp};
+
+impl Communicator {
+    /// The byte form of every collective on device memory: as
+    /// [`Communicator::collective_bytes`], with `(device address, length in bytes)`
+    /// ranges of `device`.
+    ///
+    /// # Safety
+    /// The ranges must be memory of `device`, valid for the whole call, and not
+    /// used by anything else meanwhile (input and output may alias only as the
+    /// in-place layouts say).
+    pub unsafe fn collective_device_raw(
+        &self,
+        device: &Arc<dyn Device>,
+        sig: CallSig,
+        input: Option<(DevicePtr, usize)>,
+        output: (DevicePtr, usize),
+    ) -> Result<()> {
+        let t = self.core.shared.take_ticket();
+        // SAFETY: the caller's guarantee, passed on.
+        unsafe { self.core.collective_device_at(t, sig, device, input, output) }
+    }
+
+    /// The byte form of every collective on [`DeviceBuffer`]s of one device:
+    /// `input` None is in place (the data is in `output`).
+    pub fn collective_device(
+        &self,
+        sig: CallSig,
+        input: Option<&DeviceBuffer>,
+        output: &mut DeviceBuffer,
+    ) -> Result<()> {
+        let device = output.device().clone();
+        if let Some(i) = input {
+            if !Arc::ptr_eq(i.device(), &device) {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {}: {sig}: input on {} and output on {}: one call runs on one device",
+                    self.rank(),
+                    i.device().describe(),
+                    device.describe()
+                )));
+            }
+        }
+        // SAFETY: both buffers are allocations of `device` owned by their
+        // `DeviceBuffer`s, borrowed (output mutably) for the whole call.
+        unsafe {
+            self.collective_device_raw(&device, sig, input.map(|i| (i.ptr(), i.len())), (output.ptr(), output.len()))
+        }
+    }
+
+    fn elements(&self, bytes: usize, dtype: DType, what: &str) -> Result<u64> {
+        if bytes % dtype.size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {what}: a device buffer of {bytes} bytes is not a whole number of {dtype}",
+                self.rank()
+            )));
+        }
+        Ok((bytes / dtype.size()) as u64)
+    }
+
+    /// Reduce `input` across ranks into `output` on every rank.
+    pub fn all_reduce_device(
+        &self,
+        input: &DeviceBuffer,
+        output: &mut DeviceBuffer,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = self.elements(input.len(), dtype, "all-reduce")?;
+        self.collective_device(CallSig::new(OpKind::AllReduce, dtype, n, 0, op), Some(input), output)
+    }
+
+    /// Reduce `buf` across ranks in place.
+    pub fn all_reduce_device_in_place(&self, buf: &mut DeviceBuffer, dtype: DType, op: ReduceOp) -> Result<()> {
+        let n = self.elements(buf.len(), dtype, "all-reduce")?;
+        self.collective_device(CallSig::new(OpKind::AllReduce, dtype, n, 0, op), None, buf)
+    }
+
+    /// Broadcast `buf` from `root` to every rank, in place.
+    pub fn broadcast_device(&self, buf: &mut DeviceBuffer, dtype: DType, root: usize) -> Result<()> {
+        let n = self.elements(buf.len(), dtype, "broadcast")?;
+        self.collective_device(CallSig::new(OpKind::Broadcast, dtype, n, root as u32, ReduceOp::Sum), None, buf)
+    }
+
+    /// Gather every rank's `input` into `output` (`world_size` times as long), in rank order.
+    pub fn all_gather_device(&self, input: &DeviceBuffer, output: &mut DeviceBuffer, dtype: DType) -> Result<()> {
+        let n = self.elements(input.len(), dtype, "all-gather")?;
+        self.collective_device(CallSig::new(OpKind::AllGather, dtype, n, 0, ReduceOp::Sum), Some(input), output)
+    }
+
+    /// Reduce `input` (`world_size` times as long as `output`) and leave block `rank` in `output`.
+    pub fn reduce_scatter_device(
+        &self,
+        input: &DeviceBuffer,
+        output: &mut DeviceBuffer,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = self.elements(output.len(), dtype, "reduce-scatter")?;
+        self.collective_device(CallSig::new(OpKind::ReduceScatter, dtype, n, 0, op), Some(input), output)
+    }
+
+    /// Reduce `input` across ranks into `output` at `root` (other ranks may pass an empty output).
+    pub fn reduce_device(
+        &self,
+        input: &DeviceBuffer,
+        output: &mut DeviceBuffer,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let n = self.elements(input.len(), dtype, "reduce")?;
+        self.collective_device(CallSig::new(OpKind::Reduce, dtype, n, root as u32, op), Some(input), output)
+    }
+
+    /// Send block `j` of `input` to rank `j`; receive rank `j`'s block `rank` into block `j` of `output`.
+    pub fn all_to_all_device(&self, input: &DeviceBuffer, output: &mut DeviceBuffer, dtype: DType) -> Result<()> {
+        let c = self.core.block(self.elements(input.len(), dtype, "all-to-all")? as usize)?;
+        self.collective_device(CallSig::new(OpKind::AllToAll, dtype, c as u64, 0, ReduceOp::Sum), Some(input), output)
+    }
+
+    /// Send `buf` (elements of `dtype`) to `peer`; matched by that peer's `recv_device` or `recv`.
+    pub fn send_device(&self, buf: &DeviceBuffer, dtype: DType, peer: usize) -> Result<()> {
+        let t = self.core.shared.take_ticket();
+        let ptr = buf.ptr() as usize as *mut u8;
+        self.core.p2p_at(t, OpKind::Send, (ptr, buf.len()), dtype, peer, Some(buf.device()))
+    }
+
+    /// Receive into `buf` (elements of `dtype`) from `peer`.
+    pub fn recv_device(&self, buf: &mut DeviceBuffer, dtype: DType, peer: usize) -> Result<()> {
+        let t = self.core.shared.take_ticket();
+        let ptr = buf.ptr() as usize as *mut u8;
+        self.core.p2p_at(t, OpKind::Recv, (ptr, buf.len()), dtype, peer, Some(buf.device()))
+    }
+}
