@@ -43,6 +43,9 @@ pub struct CudaDevice {
     kernels: Arc<Kernels>,
     tickets: Mutex<Tickets>,
     pool: Mutex<PinnedPool>,
+    /// Freed device buffers by size class: the executor allocates the same few
+    /// sizes every call, and cuMemAlloc/cuMemFree cost a device-wide synchronization.
+    device_pool: Mutex<PinnedPool>,
 }
 
 /// The reduction kernels loaded into one context.
@@ -126,6 +129,7 @@ impl CudaDevice {
             kernels,
             tickets: Mutex::new(Tickets::default()),
             pool: Mutex::new(PinnedPool::default()),
+            device_pool: Mutex::new(PinnedPool::default()),
         }))
     }
 
@@ -226,6 +230,16 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        let device_pooled = lock(&self.device_pool).drain();
+        if !device_pooled.is_empty() && self.bind("freeing pooled device memory").is_ok() {
+            for p in device_pooled {
+                // SAFETY: pooled device buffers came from malloc_sync in alloc_device,
+                // were returned after a synchronize, and are released once here.
+                if let Err(e) = unsafe { result::free_sync(p as usize as DevicePtr) } {
+                    tracing::warn!(device = %self.name, error = %e, "cuMemFree failed");
+                }
+            }
+        }
         let pooled = lock(&self.pool).drain();
         if pooled.is_empty() {
             return;
@@ -250,20 +264,28 @@ impl Device for CudaDevice {
     }
 
     fn alloc_device(&self, len: usize) -> Result<DevicePtr> {
+        // Size classes as for pinned memory (powers of two of at least a page), so
+        // a freed buffer serves the next call of about the same size.
+        let class = pinned::class_of(len)
+            .ok_or_else(|| Error::InvalidArgument(format!("{}: {len} bytes of device memory", self.name)))?;
+        if let Some(p) = lock(&self.device_pool).take(class) {
+            return Ok(p as usize as DevicePtr);
+        }
         self.bind("device allocation")?;
-        // cuMemAlloc refuses zero bytes; one byte keeps every allocation distinct.
         // SAFETY: a plain allocation call; the memory is uninitialised raw bytes.
-        unsafe { result::malloc_sync(len.max(1)) }.map_err(|e| self.err(&format!("allocating {len} device bytes"), e))
+        unsafe { result::malloc_sync(class) }.map_err(|e| self.err(&format!("allocating {len} device bytes"), e))
     }
 
     unsafe fn free_device(&self, ptr: DevicePtr, len: usize) {
         if let Err(e) = self.synchronize() {
             tracing::warn!(error = %e, "synchronize before a device free failed");
         }
+        let Some(class) = pinned::class_of(len) else { return };
+        let Some(back) = lock(&self.device_pool).give(ptr as usize as *mut u8, class) else { return };
         if self.bind("device free").is_ok() {
             // SAFETY: the caller passes an allocation of ours, once; the work that
             // used it has completed (synchronize above).
-            if let Err(e) = unsafe { result::free_sync(ptr) } {
+            if let Err(e) = unsafe { result::free_sync(back as usize as DevicePtr) } {
                 tracing::warn!(device = %self.name, len, error = %e, "cuMemFree failed");
             }
         }
