@@ -20,7 +20,7 @@
 //! - `nonce`: 16 random bytes (hex) drawn by rank 0 after its claim. The
 //!   communicator id carried by every frame is a hash of prefix and nonce, so a
 //!   new job on an old store, or a second communicator, never shares an id.
-//! - `topo/…`, `shm/…`, `mesh/…`: topology probe and link endpoints.
+//! - `topo/…`, `shm/…`, `mesh/…`, `rdma/…`: topology probe and link endpoints.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -31,9 +31,9 @@ use crate::algorithm::Algorithm;
 use crate::bootstrap::{connect_store, PrefixStore, Store};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::executor::WaitPolicy;
+use crate::executor::{PeerChannel, WaitPolicy};
 use crate::topology;
-use crate::transport::{self, ConnectRequest, Link, TransportKind};
+use crate::transport::{self, ConnectRequest, TransportKind};
 
 /// Bytes of the per-communicator nonce.
 const NONCE_LEN: usize = 16;
@@ -239,11 +239,11 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     let comm_id = comm_id(&prefix, &nonce);
     tracing::debug!(rank = cfg.rank, prefix, comm_id = format!("{comm_id:#x}"), "communicator set-up");
     // Which peers share this host is probed, not guessed; each peer then gets
-    // the first allowed transport that can reach it (shared memory, then TCP).
+    // the first allowed transport that can reach it (shared memory, RDMA, TCP).
     let topo = topology::discover(cfg.rank, cfg.world_size, &scoped, "topo", cfg.timeout)?;
     let kinds = topology::choose_transports(&topo, cfg.rank, cfg.transports.as_deref())?;
     let wanted = |k: TransportKind| kinds.iter().map(|t| *t == Some(k)).collect::<Vec<bool>>();
-    let mut links: Vec<Option<Box<dyn Link>>> = (0..cfg.world_size).map(|_| None).collect();
+    let mut channels: Vec<Option<Box<dyn PeerChannel>>> = (0..cfg.world_size).map(|_| None).collect();
     for kind in topology::TRANSPORT_PREFERENCE {
         let peers = wanted(kind);
         if !peers.iter().any(|b| *b) {
@@ -258,15 +258,15 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
             local_ranks: topo.local_size,
             config: &cfg,
         };
-        for (p, l) in transport::connect(kind, &req)?.into_iter().enumerate() {
-            if l.is_some() {
-                links[p] = l;
+        for (p, c) in transport::connect(kind, &req)?.into_iter().enumerate() {
+            if c.is_some() {
+                channels[p] = c;
             }
         }
     }
     check_claim_kept(&scoped, cfg.rank, &label)?;
     let wait = WaitPolicy::for_ranks(topo.local_size);
-    let mut comm = Communicator::from_links(cfg.rank, cfg.world_size, links, comm_id, &cfg, wait);
+    let mut comm = Communicator::from_channels(cfg.rank, cfg.world_size, channels, comm_id, &cfg, wait);
     comm.origin = Origin::Store(Box::new(StoreOrigin { store, prefix, cfg, label }));
     Ok(comm)
 }

@@ -48,8 +48,9 @@ pub struct PerfArgs {
     /// Algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto`.
     #[arg(long, default_value = "auto")]
     pub algo: String,
-    /// Transport: `auto` (shared memory within a host, TCP across), `shm`, `tcp`,
-    /// `inproc` (threads of one process); `cuda` and `rdma` say why they cannot run.
+    /// Transport: `auto` (shared memory within a host, RDMA verbs or else TCP across),
+    /// `shm`, `tcp`, `rdma` (needs the `rdma` feature and a device, or says why not),
+    /// `inproc` (threads of one process); `cuda` says why it cannot run.
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Separate input and output buffers (default: in place).
