@@ -83,7 +83,12 @@ fn segment_of(addr: usize, len: usize) -> Option<String> {
 
 impl RdmaChannel {
     fn fail(&self, call: &CallInfo, what: &str, e: impl std::fmt::Display) -> Error {
-        Error::PeerLost { ctx: call.ctx.clone(), peer: self.peer, detail: format!("rdma {what}: {e}") }
+        let detail = if self.proto.said_goodbye() {
+            format!("it closed its communicator (rdma {what}: {e})")
+        } else {
+            format!("rdma {what}: {e}")
+        };
+        Error::PeerLost { ctx: call.ctx.clone(), peer: self.peer, detail }
     }
 
     /// Take completions off the queue and hand them to the protocol.
