@@ -1,5 +1,8 @@
 //! Links: one per peer, each a reliable ordered byte stream driven without
 //! blocking. The executor frames messages on top and decides how to wait.
+//! [`connect`] hands the communicator channels: stream channels over these links
+//! (shm, tcp), or verbs channels ([`rdma`], feature `rdma`), which are not byte
+//! streams but queue pairs driven by their own protocol.
 //!
 //! A transport provides `try_write` / `try_read` that never block, plus a way to
 //! wait for readiness (a pollable file descriptor, or nothing, in which case the

@@ -24,14 +24,19 @@ const CACHE_BYTES: usize = 4 << 30;
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;
 
-/// Memory the device may access, in 64-byte units so slots stay aligned.
+/// A cache line, so slots (and the payloads 40 bytes into them) stay aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Memory the device may access, in whole 64-byte-aligned lines.
 struct Pinned {
-    mem: Box<[[u8; 64]]>,
+    mem: Box<[Line]>,
 }
 
 impl Pinned {
     fn new(bytes: usize) -> Pinned {
-        Pinned { mem: vec![[0u8; 64]; bytes.div_ceil(64)].into_boxed_slice() }
+        Pinned { mem: vec![Line([0; 64]); bytes.div_ceil(64)].into_boxed_slice() }
     }
     fn ptr(&mut self) -> *mut u8 {
         self.mem.as_mut_ptr().cast()

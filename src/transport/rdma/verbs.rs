@@ -298,7 +298,8 @@ impl QueuePair {
         a.min_rnr_timer = 12;
         a.ah_attr.dlid = remote.lid;
         a.ah_attr.port_num = dev.port;
-        if dev.roce || remote.gid != [0; 16] {
+        // RoCE (and ports without a LID) route by GID; InfiniBand within a subnet by LID.
+        if dev.roce || dev.lid == 0 {
             a.ah_attr.is_global = 1;
             a.ah_attr.grh.dgid = ibv_gid { raw: remote.gid };
             a.ah_attr.grh.sgid_index = dev.gid_index;
