@@ -218,6 +218,24 @@ fn choose_transports_with(
     Ok(choice)
 }
 
+/// The transport `rank` uses to `peer` when RDMA was chosen but the peer cannot
+/// run it: the next of [`TRANSPORT_PREFERENCE`] after rdma that is allowed,
+/// available and connects the pair (tcp), if any.
+pub fn fallback_from_rdma(
+    topo: &Topology,
+    rank: usize,
+    peer: usize,
+    allowed: Option<&[TransportKind]>,
+) -> Option<TransportKind> {
+    TRANSPORT_PREFERENCE
+        .iter()
+        .copied()
+        .skip_while(|&k| k != TransportKind::Rdma)
+        .skip(1)
+        .filter(|k| allowed.is_none_or(|list| list.contains(k)))
+        .find(|&k| k.available().is_ok() && can_connect(topo, k, rank, peer))
+}
+
 /// A probe file in `/dev/shm`, removed on drop.
 struct Probe {
     path: PathBuf,

@@ -230,6 +230,39 @@ fn nonce(scoped: &PrefixStore, cfg: &Config) -> Result<Vec<u8>> {
     })
 }
 
+/// RDMA links a pair only when both ends can run it (a rank may lack the device
+/// or the feature while its peer has them): every rank publishes whether it can
+/// under `rdma/usable/{rank}`, and a peer chosen for rdma that cannot gets the next
+/// allowed transport (tcp), both ends deciding alike. Fails with
+/// [`Error::Unsupported`] when no other allowed transport reaches such a peer.
+fn agree_on_rdma(
+    store: &PrefixStore,
+    cfg: &Config,
+    topo: &topology::Topology,
+    mut kinds: Vec<Option<TransportKind>>,
+    rdma_here: bool,
+) -> Result<Vec<Option<TransportKind>>> {
+    let rank = cfg.rank;
+    store.set(&format!("rdma/usable/{rank}"), if rdma_here { b"1" } else { b"0" })?;
+    for (peer, kind) in kinds.iter_mut().enumerate() {
+        if *kind != Some(TransportKind::Rdma) {
+            continue;
+        }
+        if store.wait_get(&format!("rdma/usable/{peer}"), cfg.timeout)? == b"1" {
+            continue;
+        }
+        let next = topology::fallback_from_rdma(topo, rank, peer, cfg.transports.as_deref());
+        tracing::debug!(rank, peer, fallback = next.map(|k| k.name()), "the peer cannot run rdma");
+        *kind = Some(next.ok_or_else(|| {
+            Error::Unsupported(format!(
+                "rank {rank}: rank {peer} cannot run the rdma transport (no device, or built without \
+                 `--features rdma`), and no other allowed transport reaches it"
+            ))
+        })?);
+    }
+    Ok(kinds)
+}
+
 /// Claim the rank, agree on the id, probe the topology and link every peer of
 /// the communicator under `prefix` of `store`.
 pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label: String) -> Result<Communicator> {
@@ -242,6 +275,8 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     // the first allowed transport that can reach it (shared memory, RDMA, TCP).
     let topo = topology::discover(cfg.rank, cfg.world_size, &scoped, "topo", cfg.timeout)?;
     let kinds = topology::choose_transports(&topo, cfg.rank, cfg.transports.as_deref())?;
+    let rdma_here = TransportKind::Rdma.available().is_ok();
+    let kinds = agree_on_rdma(&scoped, &cfg, &topo, kinds, rdma_here)?;
     let wanted = |k: TransportKind| kinds.iter().map(|t| *t == Some(k)).collect::<Vec<bool>>();
     let mut channels: Vec<Option<Box<dyn PeerChannel>>> = (0..cfg.world_size).map(|_| None).collect();
     for kind in topology::TRANSPORT_PREFERENCE {
@@ -302,6 +337,30 @@ mod tests {
         assert_eq!(unhex(hex(&n).as_bytes()).unwrap(), n);
         assert_eq!(unhex(b"zz"), None);
         assert_eq!(unhex(b"abc"), None);
+    }
+
+    #[test]
+    fn rdma_links_a_pair_only_when_both_ends_can_run_it() {
+        use TransportKind::{Rdma, Shm, Tcp};
+        let mem: Arc<dyn Store> = Arc::new(MemStore::new());
+        let scoped = PrefixStore::new("braid/comm0", mem);
+        let topo = topology::Topology::from_labels(0, &[0, 0, 1, 2]);
+        // Ranks 2 and 3 published first: 2 can run rdma, 3 cannot.
+        scoped.set("rdma/usable/2", b"1").unwrap();
+        scoped.set("rdma/usable/3", b"0").unwrap();
+        let mut cfg = Config::new(0, 4);
+        cfg.timeout = Duration::from_secs(5);
+        let kinds = vec![None, Some(Shm), Some(Rdma), Some(Rdma)];
+        let agreed = agree_on_rdma(&scoped, &cfg, &topo, kinds.clone(), true).unwrap();
+        assert_eq!(agreed, vec![None, Some(Shm), Some(Rdma), Some(Tcp)]);
+        assert_eq!(scoped.get("rdma/usable/0").unwrap().as_deref(), Some(&b"1"[..]), "this rank said it can");
+        cfg.transports = Some(vec![Rdma, Shm]);
+        let e = agree_on_rdma(&scoped, &cfg, &topo, kinds, true).unwrap_err().to_string();
+        assert!(e.contains("rank 0: rank 3 cannot run the rdma transport"), "{e}");
+        // A rank that cannot run rdma never chose it, and says so for its peers.
+        cfg.rank = 1;
+        assert_eq!(agree_on_rdma(&scoped, &cfg, &topo, vec![Some(Shm), None], false).unwrap()[0], Some(Shm));
+        assert_eq!(scoped.get("rdma/usable/1").unwrap().as_deref(), Some(&b"0"[..]));
     }
 
     #[test]
