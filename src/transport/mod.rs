@@ -133,10 +133,9 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
             "in-process links join threads of one process: use Communicator::in_process".into(),
         )),
         #[cfg(feature = "rdma")]
-        TransportKind::Rdma => Ok(rdma::RdmaChannel::connect_all(req)?
-            .into_iter()
-            .map(|c| c.map(|c| Box::new(c) as Box<dyn PeerChannel>))
-            .collect()),
+        TransportKind::Rdma => {
+            Ok(rdma::verbs::connect(req)?.into_iter().map(|c| c.map(|c| Box::new(c) as Box<dyn PeerChannel>)).collect())
+        }
         #[cfg(not(feature = "rdma"))]
         TransportKind::Rdma => unreachable!("available() refused {kind}"),
         TransportKind::Cuda => unreachable!("available() refused {kind}"),

@@ -5,20 +5,23 @@
 //!   validation of everything the peer sends), no verbs, no I/O, no clock;
 //! - [`endpoint`]: the endpoint record exchanged through the store, and its parser;
 //! - [`regcache`]: the registration cache, over any registrar;
+//! - [`nic`]: what the channel needs of an adapter (post, poll, register), as a trait;
+//! - [`channel`]: [`RdmaChannel`], the [`PeerChannel`](crate::executor::PeerChannel)
+//!   that drives the protocol on an adapter (tested here on a software one);
 //! - `verbs` (feature `rdma`): the thin layer over `rdma-sys` — device, protection
 //!   domain, completion queues, queue pairs, memory registration, posting and
-//!   polling — and `RdmaChannel`, the [`PeerChannel`](crate::executor::PeerChannel)
-//!   that drives the protocol with it.
+//!   polling, endpoint exchange — the one part only compiled here (no hardware).
 
-#[cfg(feature = "rdma")]
-mod channel;
+pub mod channel;
 pub mod endpoint;
+pub mod nic;
 pub mod protocol;
 pub mod regcache;
 #[cfg(feature = "rdma")]
 pub mod verbs;
-#[cfg(feature = "rdma")]
 pub use channel::RdmaChannel;
 
 #[cfg(test)]
 mod sim_tests;
+#[cfg(test)]
+mod soft_tests;

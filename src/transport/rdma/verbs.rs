@@ -14,16 +14,15 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+use super::channel::{Pinned, RdmaChannel, Setup, STAGE_STRIDE};
 use super::endpoint::{self, Endpoint};
-use super::protocol::{RingSpec, MAX_REASON};
-use super::regcache::Registrar;
+use super::nic::{Completion, Nic, Sge};
+use super::protocol::{Protocol, RingSpec};
 use crate::error::{Error, Result};
-use crate::frame::HEADER_LEN;
+use crate::transport::ConnectRequest;
 
 /// `IBV_LINK_LAYER_ETHERNET` (a C define that bindgen does not carry): RoCE.
 const LINK_LAYER_ETHERNET: u8 = 2;
-/// Bytes of staging per slot of the peer's ring: a header and an abort reason.
-pub(crate) const STAGE_STRIDE: usize = (HEADER_LEN + MAX_REASON).next_multiple_of(64);
 
 fn os_err(rank: usize, peer: Option<usize>, what: &str) -> Error {
     let who = match peer {
@@ -144,7 +143,7 @@ pub(crate) fn open_device(rank: usize) -> Result<Arc<Device>> {
 }
 
 /// A registered memory region, deregistered on drop.
-pub(crate) struct Mr {
+pub struct Mr {
     mr: *mut ibv_mr,
     _dev: Arc<Device>,
 }
@@ -185,26 +184,6 @@ impl Drop for Mr {
         // SAFETY: registered by `register`, deregistered once. After this returns
         // the device no longer touches the range.
         unsafe { ibv_dereg_mr(self.mr) };
-    }
-}
-
-/// Registers the buffers of posted sends (local reads only) for the cache.
-pub(crate) struct SendRegistrar {
-    pub(crate) dev: Arc<Device>,
-}
-
-impl Registrar for SendRegistrar {
-    type Mr = Mr;
-    fn register(&mut self, addr: usize, len: usize) -> std::result::Result<Mr, String> {
-        // SAFETY: the cache registers only ranges covering regions of the current
-        // call (live until end_call) rounded out to whole pages of the same mappings;
-        // local-read access only, so the device never writes them. Registrations of
-        // plain memory are dropped at the end of the call (see regcache).
-        unsafe { Mr::register(&self.dev, addr as *mut u8, len, ibv_access_flags(0)) }
-            .ok_or_else(|| format!("ibv_reg_mr of {len} bytes: {}", io::Error::last_os_error()))
-    }
-    fn deregister(&mut self, mr: Mr) {
-        drop(mr);
     }
 }
 
@@ -333,7 +312,7 @@ impl QueuePair {
 
     /// Post `n` receive work requests without buffers (every message is a WRITE
     /// WITH IMMEDIATE: the data goes to the ring, the completion says where).
-    pub(crate) fn post_recvs(&self, n: usize) -> io::Result<()> {
+    fn post_recvs(&self, n: usize) -> io::Result<()> {
         for _ in 0..n {
             // SAFETY: zeroes are a valid ibv_recv_wr (no SGE list, no next).
             let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
@@ -350,21 +329,20 @@ impl QueuePair {
     /// Post a signalled RDMA WRITE WITH IMMEDIATE of `sges` to `remote_addr`.
     ///
     /// # Safety
-    /// Every SGE must lie in a registered region that stays registered (and its
-    /// memory allocated and unchanged) until the work request completes, and
-    /// `remote_addr..+len` must lie in the peer's ring (`rkey`).
-    pub(crate) unsafe fn post_write(
-        &self,
-        wr_id: u64,
-        sges: &mut [ibv_sge],
-        imm: u32,
-        remote_addr: u64,
-        rkey: u32,
-    ) -> io::Result<()> {
+    /// Every entry must lie in a registered region that stays registered (and its
+    /// memory allocated and unchanged) until the work request completes.
+    unsafe fn post_write(&self, wr_id: u64, sges: &[Sge], imm: u32, remote_addr: u64, rkey: u32) -> io::Result<()> {
+        let mut list = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
+        if sges.len() > list.len() {
+            return Err(io::Error::other(format!("a gather list of {} entries (at most 2)", sges.len())));
+        }
+        for (d, s) in list.iter_mut().zip(sges) {
+            *d = ibv_sge { addr: s.addr, length: s.len, lkey: s.lkey };
+        }
         // SAFETY: zeroes are a valid ibv_send_wr (null pointers, zero counts).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
-        wr.sg_list = if sges.is_empty() { std::ptr::null_mut() } else { sges.as_mut_ptr() };
+        wr.sg_list = if sges.is_empty() { std::ptr::null_mut() } else { list.as_mut_ptr() };
         wr.num_sge = sges.len() as i32;
         wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -372,8 +350,8 @@ impl QueuePair {
         wr.wr.rdma.remote_addr = remote_addr;
         wr.wr.rdma.rkey = rkey;
         let mut bad = std::ptr::null_mut();
-        // SAFETY: a live QP; the WR and SGE list live across the call, which copies
-        // them; the caller vouches for the memory they name.
+        // SAFETY: a live QP; the WR and gather list live across the call, which
+        // copies them; the caller vouches for the memory they name.
         let rc = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
         if rc != 0 {
             return Err(io::Error::from_raw_os_error(rc));
@@ -382,7 +360,7 @@ impl QueuePair {
     }
 
     /// Poll up to `wcs.len()` completions; returns how many were written.
-    pub(crate) fn poll(&self, wcs: &mut [ibv_wc]) -> io::Result<usize> {
+    fn poll(&self, wcs: &mut [ibv_wc]) -> io::Result<usize> {
         // SAFETY: a live CQ and an array of that many completion records.
         let n = unsafe { ibv_poll_cq(self.cq, wcs.len() as i32, wcs.as_mut_ptr()) };
         if n < 0 {
@@ -393,7 +371,7 @@ impl QueuePair {
 }
 
 /// The text of a completion status.
-pub(crate) fn status_text(status: ibv_wc_status::Type) -> String {
+fn status_text(status: ibv_wc_status::Type) -> String {
     // SAFETY: returns a static NUL-terminated string for any value.
     let s = unsafe { ibv_wc_status_str(status) };
     if s.is_null() {
@@ -404,13 +382,13 @@ pub(crate) fn status_text(status: ibv_wc_status::Type) -> String {
 }
 
 /// Zeroed completion records to poll into.
-pub(crate) fn wc_buffer(n: usize) -> Vec<ibv_wc> {
+fn wc_buffer(n: usize) -> Vec<ibv_wc> {
     // SAFETY: zeroes are a valid ibv_wc (integers and a union of integers).
     (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
 }
 
 /// The endpoint this rank publishes for `qp` and the ring at `ring` (`ring_rkey`).
-pub(crate) fn local_endpoint(dev: &Device, qp: &QueuePair, ring: u64, ring_rkey: u32, spec: &RingSpec) -> Endpoint {
+fn local_endpoint(dev: &Device, qp: &QueuePair, ring: u64, ring_rkey: u32, spec: &RingSpec) -> Endpoint {
     // SAFETY: a live QP; qp_num is set at creation and never changes.
     let qpn = unsafe { (*qp.qp).qp_num };
     Endpoint {
@@ -427,8 +405,133 @@ pub(crate) fn local_endpoint(dev: &Device, qp: &QueuePair, ring: u64, ring_rkey:
 }
 
 /// Parse the endpoint `peer` published for this rank.
-pub(crate) fn remote_endpoint(raw: &[u8], world: usize, rank: usize, peer: usize, spec: &RingSpec) -> Result<Endpoint> {
+fn remote_endpoint(raw: &[u8], world: usize, rank: usize, peer: usize, spec: &RingSpec) -> Result<Endpoint> {
     endpoint::decode_for(raw, world, rank, spec).map_err(|why| {
         Error::Store(format!("rank {rank}: the rdma endpoint record of rank {peer} is not usable: {why}"))
     })
+}
+
+/// The [`Nic`] of one queue pair: what [`RdmaChannel`] runs on over hardware.
+pub struct VerbsNic {
+    qp: QueuePair,
+    wcs: Vec<ibv_wc>,
+}
+
+impl Nic for VerbsNic {
+    type Mr = Mr;
+
+    fn lkey(mr: &Mr) -> u32 {
+        mr.lkey()
+    }
+
+    unsafe fn register(&mut self, addr: usize, len: usize) -> std::result::Result<Mr, String> {
+        // SAFETY: the caller keeps the range allocated while the registration
+        // lives; local-read access only, so the device never writes it.
+        unsafe { Mr::register(&self.qp.dev, addr as *mut u8, len, ibv_access_flags(0)) }
+            .ok_or_else(|| format!("ibv_reg_mr of {len} bytes: {}", io::Error::last_os_error()))
+    }
+
+    fn post_recvs(&mut self, n: usize) -> io::Result<()> {
+        self.qp.post_recvs(n)
+    }
+
+    unsafe fn post_write(&mut self, wr_id: u64, sges: &[Sge], imm: u32, remote_addr: u64, rkey: u32) -> io::Result<()> {
+        // SAFETY: forwarded: the caller vouches for the gather list.
+        unsafe { self.qp.post_write(wr_id, sges, imm, remote_addr, rkey) }
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> io::Result<()> {
+        loop {
+            let n = self.qp.poll(&mut self.wcs)?;
+            for wc in &self.wcs[..n] {
+                out.push(if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    // Only wr_id and status are defined in an error completion.
+                    Completion::Failed { wr_id: wc.wr_id, status: status_text(wc.status) }
+                } else if wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
+                    // SAFETY: a receive completion of a write with immediate carries
+                    // the immediate in the union; any bits are a valid u32.
+                    let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
+                    Completion::Recv { imm, byte_len: wc.byte_len }
+                } else {
+                    Completion::Sent { wr_id: wc.wr_id }
+                });
+            }
+            if n < self.wcs.len() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Completions taken per poll.
+const POLL_BATCH: usize = 32;
+
+/// Half-built channel: queue pair in INIT, ring registered, endpoint published.
+struct Pending {
+    peer: usize,
+    qp: QueuePair,
+    ring: Pinned,
+    ring_mr: Mr,
+    stage: Pinned,
+    stage_mr: Mr,
+}
+
+fn reg_err(rank: usize, peer: usize, what: &str) -> Error {
+    os_err(rank, Some(peer), what)
+}
+
+/// Verbs channels to every peer marked in `req.peers` (None elsewhere): a queue
+/// pair and a receive ring per peer, endpoints exchanged under `rdma/{rank}`, then
+/// every queue pair connected, then a barrier (`rdma/{rank}/ready`) so nobody
+/// writes to a queue pair that is not ready to receive.
+pub fn connect(req: &ConnectRequest) -> Result<Vec<Option<RdmaChannel<VerbsNic>>>> {
+    let (rank, world) = (req.rank, req.world);
+    let spec = RingSpec::DEFAULT;
+    let dev = open_device(rank)?;
+    tracing::debug!(rank, device = dev.name, port = dev.port, roce = dev.roce, "rdma device opened");
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut entries = vec![None; world];
+    for peer in (0..world).filter(|&p| req.peers.get(p).copied().unwrap_or(false) && p != rank) {
+        let qp = QueuePair::create(&dev, &spec, rank, peer)?;
+        let mut ring = Pinned::new(spec.ring_bytes());
+        let mut stage = Pinned::new(spec.slots * STAGE_STRIDE);
+        let rw = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        // SAFETY: the ring moves into the channel with its registration, which the
+        // channel drops before it (field order), so it stays allocated while registered.
+        let ring_mr = unsafe { Mr::register(&dev, ring.ptr(), ring.len(), rw) }
+            .ok_or_else(|| reg_err(rank, peer, "ibv_reg_mr (receive ring)"))?;
+        let local = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        // SAFETY: as for the ring; local access only.
+        let stage_mr = unsafe { Mr::register(&dev, stage.ptr(), stage.len(), local) }
+            .ok_or_else(|| reg_err(rank, peer, "ibv_reg_mr (staging)"))?;
+        entries[peer] = Some(local_endpoint(&dev, &qp, ring.ptr() as u64, ring_mr.rkey(), &spec));
+        pending.push(Pending { peer, qp, ring, ring_mr, stage, stage_mr });
+    }
+    req.store.set(&format!("rdma/{rank}"), &endpoint::encode(&entries))?;
+    let mut out: Vec<Option<RdmaChannel<VerbsNic>>> = (0..world).map(|_| None).collect();
+    for p in pending {
+        let raw = req.store.wait_get(&format!("rdma/{}", p.peer), req.config.timeout)?;
+        let remote = remote_endpoint(&raw, world, rank, p.peer, &spec)?;
+        let mut proto = Protocol::new(spec);
+        p.qp.post_recvs(proto.take_initial_recvs())
+            .map_err(|e| Error::io(format!("rank {rank}: rdma ibv_post_recv for peer {}", p.peer), e))?;
+        p.qp.connect(&remote, rank, p.peer)?;
+        out[p.peer] = Some(RdmaChannel::new(Setup {
+            rank,
+            peer: p.peer,
+            nic: VerbsNic { qp: p.qp, wcs: wc_buffer(POLL_BATCH) },
+            proto,
+            ring: p.ring,
+            ring_mr: p.ring_mr,
+            stage: p.stage,
+            stage_mr: p.stage_mr,
+            remote_ring: remote.ring_addr,
+            remote_rkey: remote.rkey,
+        }));
+    }
+    req.store.set(&format!("rdma/{rank}/ready"), b"1")?;
+    let keys: Vec<String> = (0..world).filter(|&p| out[p].is_some()).map(|p| format!("rdma/{p}/ready")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    req.store.wait(&refs, req.config.timeout)?;
+    Ok(out)
 }
