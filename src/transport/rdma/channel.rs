@@ -116,6 +116,10 @@ pub struct RdmaChannel<N: Nic> {
     pins: Vec<u64>,
     actions: Vec<Action>,
     completions: Vec<Completion>,
+    /// The first failure of the queue pair (a work request that failed or could
+    /// not be posted). An error only once this rank needs the peer: a peer that
+    /// finished and closed first fails the credits still owed to it, harmlessly.
+    broken: Option<String>,
 }
 
 // SAFETY: the adapter and registrations are Send (trait bounds); the raw pointers
@@ -152,6 +156,7 @@ impl<N: Nic> RdmaChannel<N> {
             pins: Vec::new(),
             actions: Vec::new(),
             completions: Vec::new(),
+            broken: None,
         }
     }
 
@@ -178,7 +183,8 @@ impl<N: Nic> RdmaChannel<N> {
                 Completion::Sent { wr_id } => self.proto.on_send_complete(wr_id, self.peer, call),
                 Completion::Failed { wr_id, status } => {
                     let what = if wr_id == 0 { "receive completion" } else { "write completion" };
-                    Err(self.fail(call, what, status))
+                    self.broken.get_or_insert(format!("{what}: {status}"));
+                    Ok(())
                 }
             };
             if let Err(e) = step {
@@ -204,13 +210,14 @@ impl<N: Nic> RdmaChannel<N> {
         result
     }
 
+    /// Post what an action says; a post that fails breaks the queue pair.
     fn perform_one(&mut self, a: Action, stride: u64, call: &CallInfo) -> Result<()> {
-        match a {
-            Action::PostRecvs(n) => self.nic.post_recvs(n).map_err(|e| self.fail(call, "ibv_post_recv", e)),
+        let posted = match a {
+            Action::PostRecvs(n) => self.nic.post_recvs(n).map_err(|e| format!("ibv_post_recv: {e}")),
             Action::Credit { wr_id, imm } => {
                 // SAFETY: no gather entries; the target is the start of the peer's ring.
                 unsafe { self.nic.post_write(wr_id, &[], imm, self.remote_ring, self.remote_rkey) }
-                    .map_err(|e| self.fail(call, "ibv_post_send (credit)", e))
+                    .map_err(|e| format!("ibv_post_send (credit): {e}"))
             }
             Action::Write { wr_id, slot, header, data, imm } => {
                 let extra = match &data {
@@ -246,9 +253,13 @@ impl<N: Nic> RdmaChannel<N> {
                 // sent; `remote` is slot `slot` of the peer's ring, which holds a
                 // header and a payload of up to the slot size (protocol).
                 unsafe { self.nic.post_write(wr_id, &sges[..n], imm, remote, self.remote_rkey) }
-                    .map_err(|e| self.fail(call, "ibv_post_send (write)", e))
+                    .map_err(|e| format!("ibv_post_send (write): {e}"))
             }
+        };
+        if let Err(why) = posted {
+            self.broken.get_or_insert(why);
         }
+        Ok(())
     }
 }
 
@@ -293,6 +304,12 @@ impl<N: Nic> PeerChannel for RdmaChannel<N> {
         let ring = unsafe { std::slice::from_raw_parts(self.ring.ptr() as *const u8, len) };
         let moved = self.proto.progress(ring, gates, self.peer, call, &mut self.actions)?;
         self.perform(call)?;
+        // What already landed has been taken; if more is needed, the peer is lost.
+        if let Some(why) = &self.broken {
+            if self.proto.busy() {
+                return Err(self.fail(call, "queue pair", why));
+            }
+        }
         Ok(polled | moved)
     }
 

@@ -12,6 +12,11 @@
 //! peer learns of the chunk from its completion queue (slot, length) without
 //! polling memory.
 //!
+//! WRITE WITH IMMEDIATE rather than SEND: receive work requests then carry no
+//! buffer (reposting one is a counter), the sender names the slot itself and the
+//! receiver can check that it names the right one, and the ring stays one
+//! registration however many receives are posted.
+//!
 //! Slots are used round-robin and every chunk costs the sender one *credit*. The
 //! receiver copies (or reduces) the chunk out of its slot into the posted receive
 //! and returns credits in batches with a zero-length WRITE WITH IMMEDIATE (an
@@ -30,6 +35,8 @@
 //! [`SEGMENT_BYTES`] (the executor's pieces, whose gates a forward reads) and of the
 //! slot payload; a forward sends what its gates say is final. A zero-length message
 //! is one header-only chunk.
+//!
+//! An abort (with the reason) or a goodbye is a chunk too, whose header kind says so.
 //!
 //! Everything a peer controls (immediate values, byte counts, headers, credit
 //! counts) is validated before use; a bad value is an [`Error::Protocol`] naming

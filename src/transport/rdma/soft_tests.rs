@@ -50,9 +50,19 @@ impl Fabric {
     fn deliver(&mut self, to: usize) {
         while self.ports[to].recv_wrs > 0 {
             let Some(w) = self.ports[to].inbox.pop_front() else { return };
+            // The ring may have been deregistered since the write was posted (its
+            // channel dropped): the write fails at the sender, as on hardware.
+            let (start, len, _) = self.ports[to].ring;
+            let at = w.addr as usize;
+            if at < start || at + w.bytes.len() > start + len {
+                let status = "remote access error (the peer's ring is gone)".to_string();
+                self.ports[1 - to].completions.push_back(Completion::Failed { wr_id: w.wr_id, status });
+                continue;
+            }
             if !w.bytes.is_empty() {
-                // SAFETY: post_write checked the range against port `to`'s ring, a
-                // live allocation of the channel that owns that port.
+                // SAFETY: the range lies in port `to`'s ring, which is registered,
+                // so the channel owning it has not freed it (it deregisters first,
+                // under the fabric's lock).
                 unsafe { std::ptr::copy_nonoverlapping(w.bytes.as_ptr(), w.addr as *mut u8, w.bytes.len()) };
             }
             let p = &mut self.ports[to];
@@ -76,7 +86,14 @@ struct SoftMr {
 
 impl Drop for SoftMr {
     fn drop(&mut self) {
-        self.fabric.lock().unwrap().ports[self.me].regs.retain(|r| r.0 != self.lkey);
+        let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
+        let port = &mut f.ports[self.me];
+        if let Some(&(_, start, _)) = port.regs.iter().find(|r| r.0 == self.lkey) {
+            if port.ring.0 == start {
+                port.ring = (0, 0, 0);
+            }
+        }
+        port.regs.retain(|r| r.0 != self.lkey);
     }
 }
 
@@ -253,4 +270,59 @@ fn a_mismatched_call_is_an_error_on_both_ranks_over_rdma() {
         assert!(e.contains("mismatched collective calls") || e.contains("aborted because rank"), "{e}");
     }
     assert!(errors.iter().any(|e| e.contains("AllReduce") || e.contains("all-reduce")), "{errors:?}");
+}
+
+fn call_info(rank: usize) -> crate::executor::CallInfo {
+    let sig = crate::types::CallSig::new(crate::types::OpKind::AllReduce, crate::types::DType::U8, 8, 0, ReduceOp::Sum);
+    crate::executor::CallInfo {
+        ctx: crate::error::OpContext { rank, call: Some(sig), seq: 0 },
+        sig,
+        send_seq: 0,
+        recv_seq: 0,
+        comm_id: 1,
+        epoch: 0,
+        dtype: crate::types::DType::U8,
+        reduce_op: ReduceOp::Sum,
+        timeout: Duration::from_secs(5),
+        wait: WaitPolicy::for_ranks(2),
+        aborted: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    }
+}
+
+fn host(v: &mut [u8]) -> crate::executor::MemRegion {
+    crate::executor::MemRegion { ptr: v.as_mut_ptr(), len: v.len(), kind: crate::executor::MemKind::Host }
+}
+
+/// A peer that finished its last call and closed (its ring deregistered) fails the
+/// credits still owed to it: harmless while nothing more is wanted from it, an
+/// error naming it as soon as something is.
+#[test]
+fn a_peer_gone_after_its_last_call_is_an_error_only_when_needed() {
+    let spec = RingSpec { slots: 2, payload_bytes: 64, forward_grain: 8, credit_batch: 1 };
+    let (mut a, mut b) = pair(0, 1, spec);
+    let (ca, cb) = (call_info(0), call_info(1));
+    let mut src = *b"12345678";
+    let mut dst = [0u8; 8];
+    a.post_send(host(&mut src), None, &ca).unwrap();
+    b.post_recv(host(&mut dst), None, None, &cb).unwrap();
+    while a.busy() {
+        a.progress(1, &mut [], &ca).unwrap();
+    }
+    a.end_call();
+    drop(a);
+    // The data landed before the peer left: the receive completes, and the credit
+    // it then owes cannot be delivered.
+    while b.busy() {
+        b.progress(0, &mut [], &cb).unwrap();
+    }
+    assert_eq!(&dst, b"12345678");
+    b.progress(0, &mut [], &cb).unwrap();
+    b.end_call();
+    b.post_recv(host(&mut dst), None, None, &cb).unwrap();
+    match b.progress(0, &mut [], &cb) {
+        Err(crate::error::Error::PeerLost { peer: 0, detail, .. }) => {
+            assert!(detail.contains("remote access error"), "{detail}")
+        }
+        other => panic!("expected the peer to be lost, got {other:?}"),
+    }
 }
