@@ -127,6 +127,12 @@ pub(crate) fn open_device(rank: usize) -> Result<Arc<Device>> {
     if unsafe { ___ibv_query_port(ctx, port, &mut attr) } != 0 {
         return Err(os_err(rank, None, &format!("ibv_query_port({}, port {port})", dev.name)));
     }
+    if attr.state != ibv_port_state::IBV_PORT_ACTIVE {
+        return Err(Error::Unsupported(format!(
+            "rank {rank}: port {port} of RDMA device {} is not active (state {})",
+            dev.name, attr.state
+        )));
+    }
     dev.lid = attr.lid;
     dev.mtu = attr.active_mtu.clamp(1, 5) as u8;
     dev.roce = attr.link_layer == LINK_LAYER_ETHERNET;
