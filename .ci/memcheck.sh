@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Memory checking of the unsafe-heavy code under valgrind's memcheck: byte rings,
 # in-process links and their single copy, shared-memory segments, registered
-# buffers, reduction kernels, frame and descriptor decoders, and single copy
+# buffers, the verbs channel on a software adapter, reduction kernels, frame and
+# descriptor decoders, and single copy
 # through the executor (tests/memory_safety.rs). Miri and the sanitizers need
 # nightly; CI has only the stable toolchain.
 #
@@ -70,7 +71,7 @@ fi
 #   process until reaped, still answers kill(pid, 0);
 # - two_processes_exchange_64_mib...: process_vm_readv against the valgrind'ed
 #   process fails with ESRCH, and 64 MiB each way takes over a minute.
-run "$lib" transport::ring:: transport::loopback:: transport::shm:: registered:: reduce:: executor:: frame:: \
+run "$lib" transport::ring:: transport::loopback:: transport::shm:: transport::rdma:: registered:: reduce:: executor:: frame:: \
   --skip killed_peer_process_is_eof_within_a_second --skip two_processes_exchange_64_mib
 # Single copy between threads through the executor: the happy path, late readers
 # after a timeout (refused, not a read of freed memory), registered segments.

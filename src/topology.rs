@@ -23,8 +23,10 @@ use crate::transport::shm::random_u64;
 use crate::transport::TransportKind;
 
 /// Transports between processes, best first; [`choose_transports`] takes the
-/// first one allowed and able to connect a pair.
-pub const TRANSPORT_PREFERENCE: [TransportKind; 2] = [TransportKind::Shm, TransportKind::Tcp];
+/// first one allowed, available and able to connect a pair: shared memory on one
+/// host, RDMA verbs across hosts (when built with `rdma` and a device is there),
+/// then TCP.
+pub const TRANSPORT_PREFERENCE: [TransportKind; 3] = [TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp];
 
 /// The hosts of a job, as seen from one rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,20 +136,39 @@ pub fn can_connect(topo: &Topology, kind: TransportKind, a: usize, b: usize) -> 
         TransportKind::Tcp => true,
         // Threads of one process are set up by the communicator, not per pair.
         TransportKind::InProcess => false,
-        // Not available yet: `TransportKind::available` says why.
-        TransportKind::Cuda | TransportKind::Rdma => false,
+        // Any two ranks with a device: across hosts it is the choice; on one host
+        // shared memory comes first, so rdma is used there only when shm is not
+        // allowed (queue pairs loop back through the device).
+        TransportKind::Rdma => a != b,
+        // Not a link: GPU buffers are staged over the links above.
+        TransportKind::Cuda => false,
     }
 }
 
 /// The transport `rank` uses to each peer: the first of [`TRANSPORT_PREFERENCE`]
-/// that is in `allowed` (None: all) and can connect the pair. `None` at `rank`.
+/// that is in `allowed` (None: all), available in this build and on this machine
+/// ([`TransportKind::available`]) and can connect the pair. `None` at `rank`.
 ///
-/// Fails with [`Error::Config`] naming the peers no allowed transport reaches
-/// (e.g. `BRAID_TRANSPORTS=shm` with ranks on two hosts).
+/// A preferred transport that cannot run (rdma without the feature or a device)
+/// is skipped, saying why at debug level: its peers fall back to the next one
+/// (tcp). Fails with [`Error::Unsupported`] when every allowed transport is
+/// unavailable (e.g. `BRAID_TRANSPORTS=rdma` here), and with [`Error::Config`]
+/// naming the peers no allowed transport reaches (e.g. `BRAID_TRANSPORTS=shm`
+/// with ranks on two hosts).
 pub fn choose_transports(
     topo: &Topology,
     rank: usize,
     allowed: Option<&[TransportKind]>,
+) -> Result<Vec<Option<TransportKind>>> {
+    choose_transports_with(topo, rank, allowed, |k| k.available())
+}
+
+/// [`choose_transports`] with the availability of each transport given.
+fn choose_transports_with(
+    topo: &Topology,
+    rank: usize,
+    allowed: Option<&[TransportKind]>,
+    available: impl Fn(TransportKind) -> std::result::Result<(), String>,
 ) -> Result<Vec<Option<TransportKind>>> {
     let world = topo.world();
     if rank >= world {
@@ -156,21 +177,30 @@ pub fn choose_transports(
     // Transports this build or machine cannot run are dropped, saying why at debug
     // level; when nothing allowed is left, the error says why for each.
     if let Some(list) = allowed {
-        let why: Vec<String> = list.iter().filter_map(|k| k.available().err()).collect();
-        for w in &why {
-            tracing::debug!(rank, "{w}");
-        }
+        let why: Vec<String> = list.iter().filter_map(|&k| available(k).err()).collect();
         if !list.is_empty() && why.len() == list.len() {
             return Err(Error::Unsupported(format!("rank {rank}: {}", why.join("; "))));
         }
     }
-    let is_allowed = |k: &TransportKind| allowed.is_none_or(|list| list.contains(k)) && k.available().is_ok();
+    // Asked once per transport (a device probe is not free).
+    let usable: Vec<TransportKind> = TRANSPORT_PREFERENCE
+        .iter()
+        .copied()
+        .filter(|k| allowed.is_none_or(|list| list.contains(k)))
+        .filter(|&k| match available(k) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::debug!(rank, transport = k.name(), "{why}; its peers use the next allowed transport");
+                false
+            }
+        })
+        .collect();
     let choice: Vec<Option<TransportKind>> = (0..world)
         .map(|p| {
             if p == rank {
                 return None;
             }
-            TRANSPORT_PREFERENCE.iter().copied().find(|&k| is_allowed(&k) && can_connect(topo, k, rank, p))
+            usable.iter().copied().find(|&k| can_connect(topo, k, rank, p))
         })
         .collect();
     let unreachable: Vec<usize> = (0..world).filter(|&p| p != rank && choice[p].is_none()).collect();
@@ -186,6 +216,24 @@ pub fn choose_transports(
         )));
     }
     Ok(choice)
+}
+
+/// The transport `rank` uses to `peer` when RDMA was chosen but the peer cannot
+/// run it: the next of [`TRANSPORT_PREFERENCE`] after rdma that is allowed,
+/// available and connects the pair (tcp), if any.
+pub fn fallback_from_rdma(
+    topo: &Topology,
+    rank: usize,
+    peer: usize,
+    allowed: Option<&[TransportKind]>,
+) -> Option<TransportKind> {
+    TRANSPORT_PREFERENCE
+        .iter()
+        .copied()
+        .skip_while(|&k| k != TransportKind::Rdma)
+        .skip(1)
+        .filter(|k| allowed.is_none_or(|list| list.contains(k)))
+        .find(|&k| k.available().is_ok() && can_connect(topo, k, rank, peer))
 }
 
 /// A probe file in `/dev/shm`, removed on drop.
@@ -435,10 +483,34 @@ mod tests {
     }
 
     #[test]
+    fn rdma_comes_between_shm_and_tcp_when_it_can_run() {
+        use TransportKind::{Rdma, Shm, Tcp};
+        let t = Topology::from_labels(0, &[0, 0, 1, 1]);
+        let all = |_: TransportKind| Ok(());
+        let no_rdma = |k: TransportKind| if k == Rdma { Err("no RDMA devices".to_string()) } else { Ok(()) };
+        assert_eq!(choose_transports_with(&t, 0, None, all).unwrap(), vec![None, Some(Shm), Some(Rdma), Some(Rdma)]);
+        assert_eq!(choose_transports_with(&t, 0, None, no_rdma).unwrap(), vec![None, Some(Shm), Some(Tcp), Some(Tcp)]);
+        let only_rdma = Some(&[Rdma][..]);
+        assert_eq!(
+            choose_transports_with(&t, 3, only_rdma, all).unwrap(),
+            vec![Some(Rdma), Some(Rdma), Some(Rdma), None]
+        );
+        let err = choose_transports_with(&t, 3, only_rdma, no_rdma).unwrap_err();
+        assert!(matches!(&err, Error::Unsupported(why) if why.contains("rank 3: no RDMA devices")), "{err}");
+        let rdma_tcp = Some(&[Rdma, Tcp][..]);
+        assert_eq!(
+            choose_transports_with(&t, 1, rdma_tcp, no_rdma).unwrap(),
+            vec![Some(Tcp), None, Some(Tcp), Some(Tcp)]
+        );
+    }
+
+    #[test]
     fn transports_prefer_shm_on_one_host_and_tcp_across() {
         use TransportKind::{Shm, Tcp};
         let t = Topology::from_labels(0, &[0, 0, 1, 1]);
-        assert_eq!(choose_transports(&t, 0, None).unwrap(), vec![None, Some(Shm), Some(Tcp), Some(Tcp)]);
+        // Across hosts: rdma where this build and machine have it, tcp otherwise.
+        let across = if TransportKind::Rdma.available().is_ok() { TransportKind::Rdma } else { Tcp };
+        assert_eq!(choose_transports(&t, 0, None).unwrap(), vec![None, Some(Shm), Some(across), Some(across)]);
         assert_eq!(choose_transports(&t, 3, Some(&[Tcp, Shm])).unwrap(), vec![Some(Tcp), Some(Tcp), Some(Shm), None]);
         assert_eq!(choose_transports(&t, 1, Some(&[Tcp])).unwrap(), vec![Some(Tcp), None, Some(Tcp), Some(Tcp)]);
         assert_eq!(Topology::single_host(0, 2).world(), 2);
@@ -518,10 +590,14 @@ mod tests {
     #[test]
     fn unavailable_transports_are_dropped_and_alone_are_an_error_saying_why() {
         let topo = Topology::single_host(0, 2);
-        let err = choose_transports(&topo, 0, Some(&[TransportKind::Cuda])).unwrap_err();
-        assert!(matches!(err, Error::Unsupported(_)) && err.to_string().contains("cuda transport"), "{err}");
-        let err = choose_transports(&topo, 1, Some(&[TransportKind::Rdma, TransportKind::Cuda])).unwrap_err();
-        assert!(err.to_string().contains("rdma") && err.to_string().contains("cuda"), "{err}");
+        if TransportKind::Cuda.available().is_err() {
+            let err = choose_transports(&topo, 0, Some(&[TransportKind::Cuda])).unwrap_err();
+            assert!(matches!(err, Error::Unsupported(_)) && err.to_string().contains("cuda transport"), "{err}");
+        }
+        if TransportKind::Rdma.available().is_err() && TransportKind::Cuda.available().is_err() {
+            let err = choose_transports(&topo, 1, Some(&[TransportKind::Rdma, TransportKind::Cuda])).unwrap_err();
+            assert!(err.to_string().contains("rdma") && err.to_string().contains("cuda"), "{err}");
+        }
         let mixed = choose_transports(&topo, 0, Some(&[TransportKind::Cuda, TransportKind::Tcp])).unwrap();
         assert_eq!(mixed, vec![None, Some(TransportKind::Tcp)]);
         assert_eq!(choose_transports(&topo, 0, None).unwrap(), vec![None, Some(TransportKind::Shm)]);

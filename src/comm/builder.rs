@@ -20,7 +20,7 @@
 //! - `nonce`: 16 random bytes (hex) drawn by rank 0 after its claim. The
 //!   communicator id carried by every frame is a hash of prefix and nonce, so a
 //!   new job on an old store, or a second communicator, never shares an id.
-//! - `topo/…`, `shm/…`, `mesh/…`: topology probe and link endpoints.
+//! - `topo/…`, `shm/…`, `mesh/…`, `rdma/…`: topology probe and link endpoints.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -31,9 +31,9 @@ use crate::algorithm::Algorithm;
 use crate::bootstrap::{connect_store, PrefixStore, Store};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::executor::WaitPolicy;
+use crate::executor::{PeerChannel, WaitPolicy};
 use crate::topology;
-use crate::transport::{self, ConnectRequest, Link, TransportKind};
+use crate::transport::{self, ConnectRequest, TransportKind};
 
 /// Bytes of the per-communicator nonce.
 const NONCE_LEN: usize = 16;
@@ -230,6 +230,39 @@ fn nonce(scoped: &PrefixStore, cfg: &Config) -> Result<Vec<u8>> {
     })
 }
 
+/// RDMA links a pair only when both ends can run it (a rank may lack the device
+/// or the feature while its peer has them): every rank publishes whether it can
+/// under `rdma/usable/{rank}`, and a peer chosen for rdma that cannot gets the next
+/// allowed transport (tcp), both ends deciding alike. Fails with
+/// [`Error::Unsupported`] when no other allowed transport reaches such a peer.
+fn agree_on_rdma(
+    store: &PrefixStore,
+    cfg: &Config,
+    topo: &topology::Topology,
+    mut kinds: Vec<Option<TransportKind>>,
+    rdma_here: bool,
+) -> Result<Vec<Option<TransportKind>>> {
+    let rank = cfg.rank;
+    store.set(&format!("rdma/usable/{rank}"), if rdma_here { b"1" } else { b"0" })?;
+    for (peer, kind) in kinds.iter_mut().enumerate() {
+        if *kind != Some(TransportKind::Rdma) {
+            continue;
+        }
+        if store.wait_get(&format!("rdma/usable/{peer}"), cfg.timeout)? == b"1" {
+            continue;
+        }
+        let next = topology::fallback_from_rdma(topo, rank, peer, cfg.transports.as_deref());
+        tracing::debug!(rank, peer, fallback = next.map(|k| k.name()), "the peer cannot run rdma");
+        *kind = Some(next.ok_or_else(|| {
+            Error::Unsupported(format!(
+                "rank {rank}: rank {peer} cannot run the rdma transport (no device, or built without \
+                 `--features rdma`), and no other allowed transport reaches it"
+            ))
+        })?);
+    }
+    Ok(kinds)
+}
+
 /// Claim the rank, agree on the id, probe the topology and link every peer of
 /// the communicator under `prefix` of `store`.
 pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label: String) -> Result<Communicator> {
@@ -239,11 +272,13 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     let comm_id = comm_id(&prefix, &nonce);
     tracing::debug!(rank = cfg.rank, prefix, comm_id = format!("{comm_id:#x}"), "communicator set-up");
     // Which peers share this host is probed, not guessed; each peer then gets
-    // the first allowed transport that can reach it (shared memory, then TCP).
+    // the first allowed transport that can reach it (shared memory, RDMA, TCP).
     let topo = topology::discover(cfg.rank, cfg.world_size, &scoped, "topo", cfg.timeout)?;
     let kinds = topology::choose_transports(&topo, cfg.rank, cfg.transports.as_deref())?;
+    let rdma_here = TransportKind::Rdma.available().is_ok();
+    let kinds = agree_on_rdma(&scoped, &cfg, &topo, kinds, rdma_here)?;
     let wanted = |k: TransportKind| kinds.iter().map(|t| *t == Some(k)).collect::<Vec<bool>>();
-    let mut links: Vec<Option<Box<dyn Link>>> = (0..cfg.world_size).map(|_| None).collect();
+    let mut channels: Vec<Option<Box<dyn PeerChannel>>> = (0..cfg.world_size).map(|_| None).collect();
     for kind in topology::TRANSPORT_PREFERENCE {
         let peers = wanted(kind);
         if !peers.iter().any(|b| *b) {
@@ -258,15 +293,15 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
             local_ranks: topo.local_size,
             config: &cfg,
         };
-        for (p, l) in transport::connect(kind, &req)?.into_iter().enumerate() {
-            if l.is_some() {
-                links[p] = l;
+        for (p, c) in transport::connect(kind, &req)?.into_iter().enumerate() {
+            if c.is_some() {
+                channels[p] = c;
             }
         }
     }
     check_claim_kept(&scoped, cfg.rank, &label)?;
     let wait = WaitPolicy::for_ranks(topo.local_size);
-    let mut comm = Communicator::from_links(cfg.rank, cfg.world_size, links, comm_id, &cfg, wait);
+    let mut comm = Communicator::from_channels(cfg.rank, cfg.world_size, channels, comm_id, &cfg, wait);
     comm.origin = Origin::Store(Box::new(StoreOrigin { store, prefix, cfg, label }));
     Ok(comm)
 }
@@ -302,6 +337,30 @@ mod tests {
         assert_eq!(unhex(hex(&n).as_bytes()).unwrap(), n);
         assert_eq!(unhex(b"zz"), None);
         assert_eq!(unhex(b"abc"), None);
+    }
+
+    #[test]
+    fn rdma_links_a_pair_only_when_both_ends_can_run_it() {
+        use TransportKind::{Rdma, Shm, Tcp};
+        let mem: Arc<dyn Store> = Arc::new(MemStore::new());
+        let scoped = PrefixStore::new("braid/comm0", mem);
+        let topo = topology::Topology::from_labels(0, &[0, 0, 1, 2]);
+        // Ranks 2 and 3 published first: 2 can run rdma, 3 cannot.
+        scoped.set("rdma/usable/2", b"1").unwrap();
+        scoped.set("rdma/usable/3", b"0").unwrap();
+        let mut cfg = Config::new(0, 4);
+        cfg.timeout = Duration::from_secs(5);
+        let kinds = vec![None, Some(Shm), Some(Rdma), Some(Rdma)];
+        let agreed = agree_on_rdma(&scoped, &cfg, &topo, kinds.clone(), true).unwrap();
+        assert_eq!(agreed, vec![None, Some(Shm), Some(Rdma), Some(Tcp)]);
+        assert_eq!(scoped.get("rdma/usable/0").unwrap().as_deref(), Some(&b"1"[..]), "this rank said it can");
+        cfg.transports = Some(vec![Rdma, Shm]);
+        let e = agree_on_rdma(&scoped, &cfg, &topo, kinds, true).unwrap_err().to_string();
+        assert!(e.contains("rank 0: rank 3 cannot run the rdma transport"), "{e}");
+        // A rank that cannot run rdma never chose it, and says so for its peers.
+        cfg.rank = 1;
+        assert_eq!(agree_on_rdma(&scoped, &cfg, &topo, vec![Some(Shm), None], false).unwrap()[0], Some(Shm));
+        assert_eq!(scoped.get("rdma/usable/1").unwrap().as_deref(), Some(&b"0"[..]));
     }
 
     #[test]

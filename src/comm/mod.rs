@@ -162,9 +162,22 @@ impl Communicator {
         cfg: &Config,
         wait: WaitPolicy,
     ) -> Communicator {
-        let transports = links.iter().map(|l| l.as_ref().map(|l| l.kind())).collect();
         let channels =
             links.into_iter().map(|l| l.map(|l| Box::new(StreamChannel::new(l)) as Box<dyn PeerChannel>)).collect();
+        Communicator::from_channels(rank, world, channels, comm_id, cfg, wait)
+    }
+
+    /// A communicator over already-connected channels (`channels[p]` reaches rank
+    /// `p`): stream channels over links, or channels of other kinds (verbs).
+    pub fn from_channels(
+        rank: usize,
+        world: usize,
+        channels: Vec<Option<Box<dyn PeerChannel>>>,
+        comm_id: u32,
+        cfg: &Config,
+        wait: WaitPolicy,
+    ) -> Communicator {
+        let transports = channels.iter().map(|c| c.as_ref().map(|c| c.kind())).collect();
         let aborted = Arc::new(AtomicBool::new(false));
         let engine = Engine::new(rank, world, channels, comm_id, cfg, wait, aborted.clone());
         Communicator {

@@ -1,5 +1,8 @@
 //! Links: one per peer, each a reliable ordered byte stream driven without
 //! blocking. The executor frames messages on top and decides how to wait.
+//! [`connect`] hands the communicator channels: stream channels over these links
+//! (shm, tcp), or verbs channels ([`rdma`], feature `rdma`), which are not byte
+//! streams but queue pairs driven by their own protocol.
 //!
 //! A transport provides `try_write` / `try_read` that never block, plus a way to
 //! wait for readiness (a pollable file descriptor, or nothing, in which case the
@@ -8,6 +11,7 @@
 pub mod devices;
 pub mod ifaces;
 pub mod loopback;
+pub mod rdma;
 pub mod ring;
 pub mod shm;
 pub mod tcp;
@@ -18,6 +22,7 @@ use std::io;
 use crate::bootstrap::Store;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::executor::{PeerChannel, StreamChannel};
 use std::os::fd::RawFd;
 use std::str::FromStr;
 
@@ -30,9 +35,10 @@ pub enum TransportKind {
     Tcp,
     /// Processes of one host, through rings in a shared-memory segment.
     Shm,
-    /// GPU memory through CUDA (peer copies, IPC handles, host staging). Not yet available.
+    /// GPU memory through CUDA: the device behind calls on GPU buffers, which
+    /// travel staged over the host links (see [`crate::device`]); not a link itself.
     Cuda,
-    /// RDMA verbs (InfiniBand, RoCE). Not yet available.
+    /// RDMA verbs (InfiniBand, RoCE): reliable-connected queue pairs (feature `rdma`).
     Rdma,
 }
 
@@ -59,16 +65,15 @@ impl TransportKind {
             TransportKind::Rdma if !cfg!(feature = "rdma") => {
                 Err("the rdma transport is not in this build (build braid with `--features rdma`)".into())
             }
-            TransportKind::Cuda | TransportKind::Rdma => {
-                #[cfg(feature = "cuda")]
-                if self == TransportKind::Cuda {
-                    devices::cuda_devices().map_err(|why| format!("the cuda transport cannot run: {why}"))?;
-                }
+            TransportKind::Rdma => {
                 #[cfg(feature = "rdma")]
-                if self == TransportKind::Rdma {
-                    devices::rdma_devices().map_err(|why| format!("the rdma transport cannot run: {why}"))?;
-                }
-                Err(format!("the {} transport is not implemented yet in this version of braid", self.name()))
+                devices::rdma_devices().map_err(|why| format!("the rdma transport cannot run: {why}"))?;
+                Ok(())
+            }
+            TransportKind::Cuda => {
+                #[cfg(feature = "cuda")]
+                devices::cuda_devices().map_err(|why| format!("the cuda transport cannot run: {why}"))?;
+                Ok(())
             }
         }
     }
@@ -92,14 +97,18 @@ pub struct ConnectRequest<'a> {
     pub config: &'a Config,
 }
 
-/// Links of kind `kind` to every peer marked in `req.peers` (`None` elsewhere).
+/// Channels of kind `kind` to every peer marked in `req.peers` (`None` elsewhere):
+/// byte-stream links wrapped in a [`StreamChannel`] (shm, tcp), or verbs channels.
 ///
 /// One entry point per transport: the communicator asks each transport in turn for
 /// the peers the topology gave it, and knows nothing of how a transport connects.
-pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<Box<dyn Link>>>> {
+pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<Box<dyn PeerChannel>>>> {
     kind.available().map_err(Error::Unsupported)?;
-    fn boxed<L: Link + 'static>(links: Vec<Option<L>>) -> Vec<Option<Box<dyn Link>>> {
-        links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect()
+    fn boxed<L: Link + 'static>(links: Vec<Option<L>>) -> Vec<Option<Box<dyn PeerChannel>>> {
+        links
+            .into_iter()
+            .map(|l| l.map(|l| Box::new(StreamChannel::new(Box::new(l))) as Box<dyn PeerChannel>))
+            .collect()
     }
     let cfg = req.config;
     match kind {
@@ -124,7 +133,19 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
         TransportKind::InProcess => Err(Error::InvalidArgument(
             "in-process links join threads of one process: use Communicator::in_process".into(),
         )),
-        TransportKind::Cuda | TransportKind::Rdma => unreachable!("available() refused {kind}"),
+        #[cfg(feature = "rdma")]
+        TransportKind::Rdma => {
+            Ok(rdma::verbs::connect(req)?.into_iter().map(|c| c.map(|c| Box::new(c) as Box<dyn PeerChannel>)).collect())
+        }
+        #[cfg(not(feature = "rdma"))]
+        TransportKind::Rdma => unreachable!("available() refused {kind}"),
+        // Device memory is not a link of its own: calls on device buffers stage it
+        // over the host links the communicator has (see `crate::executor::staged`).
+        TransportKind::Cuda => Err(Error::InvalidArgument(
+            "cuda is not a link between ranks: GPU buffers travel over shm, rdma or tcp links \
+             (use the *_device calls, or `braid perf --transport cuda`)"
+                .into(),
+        )),
     }
 }
 

@@ -51,10 +51,10 @@ pub struct PerfArgs {
     /// Algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto`.
     #[arg(long, default_value = "auto")]
     pub algo: String,
-    /// Transport: `auto` (shared memory within a host, TCP across), `shm`, `tcp`,
-    /// `inproc` (threads of one process), `cuda` (buffers on GPUs, moved over the
-    /// automatic links: the same as `--device cuda`), `rdma`. Where one cannot run,
-    /// one line says why.
+    /// Transport: `auto` (shared memory within a host, RDMA verbs or else TCP across),
+    /// `shm`, `tcp`, `rdma` (needs the `rdma` feature and a device), `inproc` (threads
+    /// of one process), `cuda` (buffers on GPUs, moved over the automatic links: the
+    /// same as `--device cuda`). Where one cannot run, one line says why.
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Where the buffers live: `none` (host memory), `sim` (the simulated device),
