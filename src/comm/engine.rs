@@ -17,6 +17,11 @@ use crate::types::{CallSig, OpKind, ReduceOp};
 
 /// What a cached schedule depends on: op, count, element size, root, algorithm.
 type PlanKey = (OpKind, usize, usize, usize, Option<Algorithm>);
+/// How many of the latest plans are compared before the hash map is asked. A
+/// training step repeats a few calls (each bucket's all-reduce, a barrier); hashing
+/// a key with the map's SipHash cost more than the whole executor of a 4 KiB
+/// all-reduce over shared memory (about 500 instructions a call).
+const RECENT_PLANS: usize = 4;
 
 /// State that only the rank's current call touches.
 pub(crate) struct Engine {
@@ -40,7 +45,8 @@ pub(crate) struct Engine {
     pub(super) device_scratch: Option<DeviceBuffer>,
     pub(super) queues: executor::Queues,
     pub(super) plans: HashMap<PlanKey, Arc<Schedule>>,
-    pub(super) last_plan: Option<(PlanKey, Arc<Schedule>)>,
+    /// The plans of the latest distinct calls, most recent first.
+    pub(super) recent_plans: [Option<(PlanKey, Arc<Schedule>)>; RECENT_PLANS],
 }
 
 impl Engine {
@@ -72,7 +78,7 @@ impl Engine {
             device_scratch: None,
             queues: executor::Queues::default(),
             plans: HashMap::new(),
-            last_plan: None,
+            recent_plans: Default::default(),
         }
     }
 
@@ -91,23 +97,37 @@ impl Engine {
             algorithm: algo.filter(|a| algorithm::algorithms_for(sig.op).contains(a)),
         };
         let key = (req.op, req.count, req.elem_size, req.root, req.algorithm);
-        // Training loops repeat one call: check the last plan before hashing.
-        if let Some((k, s)) = &self.last_plan {
-            if *k == key {
+        // Training loops repeat a few calls: check the latest plans before hashing.
+        if let Some(i) = self.recent_plans.iter().position(|e| e.as_ref().is_some_and(|(k, _)| *k == key)) {
+            self.recent_to_front(i);
+            if let Some((_, s)) = &self.recent_plans[0] {
                 return Ok(s.clone());
             }
         }
-        if let Some(s) = self.plans.get(&key) {
-            self.last_plan = Some((key, s.clone()));
-            return Ok(s.clone());
-        }
-        let s = Arc::new(algorithm::plan(&req).map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?);
-        if self.plans.len() > 256 {
-            self.plans.clear();
-        }
-        self.plans.insert(key, s.clone());
-        self.last_plan = Some((key, s.clone()));
+        let s = match self.plans.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let plan = algorithm::plan(&req).map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?;
+                if self.plans.len() > 256 {
+                    self.plans.clear();
+                }
+                let s = Arc::new(plan);
+                self.plans.insert(key, s.clone());
+                s
+            }
+        };
+        // The least recent entry goes (its plan stays in the map).
+        self.recent_to_front(RECENT_PLANS - 1);
+        self.recent_plans[0] = Some((key, s.clone()));
         Ok(s)
+    }
+
+    /// Move recent entry `i` to the front, the ones before it one place back.
+    /// Pairwise swaps: for four entries cheaper than the general `rotate_right`.
+    fn recent_to_front(&mut self, i: usize) {
+        for j in (1..=i).rev() {
+            self.recent_plans.swap(j, j - 1);
+        }
     }
 
     /// Run one call. On failure the communicator is broken: every peer is told
@@ -309,5 +329,55 @@ impl Drop for Engine {
                 ch.send_control_and_close(FrameKind::Goodbye, self.comm_id, self.epoch, "", give_up);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::DType;
+
+    fn engine() -> Engine {
+        let cfg = crate::config::Config::new(0, 2);
+        let aborted = Arc::new(AtomicBool::new(false));
+        Engine::new(0, 2, vec![None, None], 1, &cfg, WaitPolicy::for_ranks(2), aborted)
+    }
+
+    fn all_reduce(count: u64) -> CallSig {
+        CallSig::new(OpKind::AllReduce, DType::F32, count, 0, ReduceOp::Sum)
+    }
+
+    fn fresh_plan(e: &Engine, sig: &CallSig) -> Schedule {
+        let req = PlanRequest {
+            op: sig.op,
+            rank: e.rank,
+            world: e.world,
+            count: sig.count as usize,
+            elem_size: sig.dtype.size(),
+            root: sig.root as usize,
+            algorithm: None,
+        };
+        algorithm::plan(&req).unwrap()
+    }
+
+    /// Calls cycling through more keys than the recent list holds (and back) get,
+    /// every time, the plan their own key asks for, and the same shared plan as the
+    /// first time (served by the recent list or the map, never planned again).
+    #[test]
+    fn recent_plans_serve_each_key_its_own_plan() {
+        let mut e = engine();
+        let sigs: Vec<CallSig> = (1..=RECENT_PLANS as u64 + 3).map(|i| all_reduce(i * 1000)).collect();
+        let first: Vec<Arc<Schedule>> = sigs.iter().map(|s| e.schedule(s, None).unwrap()).collect();
+        for (s, f) in sigs.iter().zip(&first) {
+            assert_eq!(**f, fresh_plan(&e, s));
+        }
+        // Two keys alternating (an all-reduce and a barrier-sized call), then all of them backwards.
+        let order = [0, 1, 0, 1, 0].into_iter().chain((0..sigs.len()).rev()).chain([2, 2, 0]);
+        for i in order {
+            let got = e.schedule(&sigs[i], None).unwrap();
+            assert!(Arc::ptr_eq(&got, &first[i]), "call {i} got another key's plan or was planned again");
+        }
+        let keys: Vec<usize> = e.recent_plans.iter().map(|p| p.as_ref().unwrap().0 .1).collect();
+        assert_eq!(keys, vec![1000, 3000, 2000, 4000], "most recent first, each key once");
     }
 }

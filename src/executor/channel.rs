@@ -59,6 +59,14 @@ pub enum MemKind {
     Device,
 }
 
+impl MemKind {
+    /// Whether the CPU can address the memory directly (host or registered host).
+    #[inline]
+    pub const fn is_host(self) -> bool {
+        matches!(self, MemKind::Host | MemKind::RegisteredHost)
+    }
+}
+
 /// A contiguous piece of one of the call's buffers.
 ///
 /// The executor builds regions only from the call's buffers, bounds-checked
@@ -148,11 +156,11 @@ pub trait PeerChannel: Send {
 /// The error a channel that moves only host memory returns for any other region:
 /// `what` (e.g. "a send to") names the operation, `peer` and `kind` the link.
 pub fn require_host(region: &MemRegion, what: &str, peer: usize, kind: TransportKind, call: &CallInfo) -> Result<()> {
-    match region.kind {
-        MemKind::Host | MemKind::RegisteredHost => Ok(()),
-        MemKind::Device => Err(Error::Unsupported(format!(
-            "{}: {what} rank {peer} of {} bytes is in device memory, and a {kind} link moves host memory only",
-            call.ctx, region.len
-        ))),
+    if region.kind.is_host() {
+        return Ok(());
     }
+    Err(Error::Unsupported(format!(
+        "{}: {what} rank {peer} of {} bytes is in device memory, and a {kind} link moves host memory only",
+        call.ctx, region.len
+    )))
 }

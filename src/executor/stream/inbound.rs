@@ -122,27 +122,13 @@ fn combine_at(dst: *mut u8, src: *const u8, lo: usize, inc: &[u8], (dtype, op): 
 
 /// Read what `peer` sent: headers, rendezvous descriptors and payloads, each into
 /// the receive posted first. Returns whether anything moved.
+#[inline]
 pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [usize], call: &CallInfo) -> Result<bool> {
-    // Out of the channel while it is worked on, so the helpers below can take the
-    // channel and the receive at its front together. Moving a VecDeque allocates nothing.
-    let mut q = std::mem::take(&mut ch.inq);
-    let r = receive_into(ch, peer, &mut q, gates, call);
-    ch.inq = q;
-    r
-}
-
-fn receive_into(
-    ch: &mut StreamChannel,
-    peer: usize,
-    q: &mut VecDeque<InMsg>,
-    gates: &mut [usize],
-    call: &CallInfo,
-) -> Result<bool> {
     let mut progressed = false;
     loop {
         match &mut ch.rx {
             Rx::Closed => {
-                if q.is_empty() {
+                if ch.inq.is_empty() {
                     return Ok(progressed);
                 }
                 let e = io::Error::new(io::ErrorKind::UnexpectedEof, "closed");
@@ -219,94 +205,112 @@ fn receive_into(
                 progressed = true;
             }
             Rx::Ready(ready) => {
-                // A copy, so the arm can hand `ch` to helpers.
-                let h = &{ *ready };
-                let Some(m) = q.front_mut() else { return Ok(progressed) };
-                if !m.started {
-                    // A rendezvous payload is a descriptor of DESC_FIXED..=DESC_MAX bytes.
-                    let wire_len = if h.kind == FrameKind::Rendezvous {
-                        (h.len as usize).clamp(DESC_FIXED, DESC_MAX)
-                    } else {
-                        m.len
-                    };
-                    check_header(h, wire_len, peer, call)?;
-                    if h.kind == FrameKind::Rendezvous && ch.single_copy == SingleCopy::Never {
-                        let detail = "rendezvous frame on a link that cannot read peer memory".to_string();
-                        return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
-                    }
-                    m.started = true;
-                }
-                if h.kind == FrameKind::Rendezvous {
-                    let n = ch
-                        .link
-                        .try_read(&mut m.desc[m.desc_got..h.len as usize])
-                        .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
-                    m.desc_got += n;
-                    if m.desc_got < h.len as usize {
-                        return Ok(progressed | (n > 0));
-                    }
-                    pull_from_peer(ch, m, peer, call)?;
-                    if let Some(g) = m.feeds {
-                        gates[g] = m.len;
-                    }
-                    ch.acks_owed += 1;
-                    q.pop_front();
-                    ch.rx = after_payload(h);
-                    // Back to the main loop after each (long) single-copy read, so its
-                    // ack and any forward it unlocked go out before the next read.
-                    return Ok(true);
-                }
-                if m.got < m.len && ch.peek && (m.src.is_some() || m.stream) {
-                    progressed |= if m.src.is_some() {
-                        reduce_from_link(ch, m, peer, call)?
-                    } else {
-                        stream_from_link(ch, m, peer, call)?
-                    };
-                    if let Some(g) = m.feeds {
-                        gates[g] = if m.src.is_some() { m.reduced } else { m.got };
-                    }
-                    if m.got < m.len {
-                        return Ok(progressed);
-                    }
-                } else if m.got < m.len {
-                    let n = match m.src {
-                        None => {
-                            // SAFETY: dst..dst+len is inside a live buffer region.
-                            let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), m.len - m.got) };
-                            ch.link.try_read(dst)
-                        }
-                        Some(_) => {
-                            if ch.staging.len() < m.len {
-                                ch.staging.resize(SEGMENT_BYTES.max(m.len), 0);
-                            }
-                            ch.link.try_read(&mut ch.staging[m.got..m.len])
-                        }
-                    }
-                    .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
-                    m.got += n;
-                    progressed |= n > 0;
-                    if m.src.is_some() {
-                        reduce_arrived(ch, m)?;
-                        if let Some(g) = m.feeds {
-                            gates[g] = m.reduced;
-                        }
-                    } else if let Some(g) = m.feeds {
-                        // A plain receive raises its gate as bytes land (a staged
-                        // device receive moves each piece on once it is complete).
-                        gates[g] = m.got;
-                    }
-                    if n == 0 && m.got < m.len {
-                        return Ok(progressed);
-                    }
-                }
-                if m.got == m.len {
-                    q.pop_front();
-                    ch.rx = after_payload(h);
-                    progressed = true;
+                // A copy, so the payload can be read with `ch` handed to helpers.
+                let h = *ready;
+                // Out of the channel while it is worked on, so the helpers can take the
+                // channel and the receive at its front together: only here, once a data
+                // header has arrived, not on every pass (moving a VecDeque allocates nothing).
+                let mut q = std::mem::take(&mut ch.inq);
+                let r = receive_payload(ch, peer, &h, &mut q, &mut progressed, gates, call);
+                ch.inq = q;
+                if let Some(done) = r? {
+                    return Ok(done);
                 }
             }
         }
     }
+}
+
+/// Read the payload of the data or rendezvous frame `h` into the receive at the
+/// front of `q`. `Some(progressed)`: return that from [`progress_recv`]; `None`:
+/// the receive is complete and the next frame may be read.
+fn receive_payload(
+    ch: &mut StreamChannel,
+    peer: usize,
+    h: &Header,
+    q: &mut VecDeque<InMsg>,
+    progressed: &mut bool,
+    gates: &mut [usize],
+    call: &CallInfo,
+) -> Result<Option<bool>> {
+    let Some(m) = q.front_mut() else { return Ok(Some(*progressed)) };
+    if !m.started {
+        // A rendezvous payload is a descriptor of DESC_FIXED..=DESC_MAX bytes.
+        let wire_len =
+            if h.kind == FrameKind::Rendezvous { (h.len as usize).clamp(DESC_FIXED, DESC_MAX) } else { m.len };
+        check_header(h, wire_len, peer, call)?;
+        if h.kind == FrameKind::Rendezvous && ch.single_copy == SingleCopy::Never {
+            let detail = "rendezvous frame on a link that cannot read peer memory".to_string();
+            return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
+        }
+        m.started = true;
+    }
+    if h.kind == FrameKind::Rendezvous {
+        let n = ch
+            .link
+            .try_read(&mut m.desc[m.desc_got..h.len as usize])
+            .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+        m.desc_got += n;
+        if m.desc_got < h.len as usize {
+            return Ok(Some(*progressed | (n > 0)));
+        }
+        pull_from_peer(ch, m, peer, call)?;
+        if let Some(g) = m.feeds {
+            gates[g] = m.len;
+        }
+        ch.acks_owed += 1;
+        q.pop_front();
+        ch.rx = after_payload(h);
+        // Back to the main loop after each (long) single-copy read, so its
+        // ack and any forward it unlocked go out before the next read.
+        return Ok(Some(true));
+    }
+    if m.got < m.len && ch.peek && (m.src.is_some() || m.stream) {
+        *progressed |=
+            if m.src.is_some() { reduce_from_link(ch, m, peer, call)? } else { stream_from_link(ch, m, peer, call)? };
+        if let Some(g) = m.feeds {
+            gates[g] = if m.src.is_some() { m.reduced } else { m.got };
+        }
+        if m.got < m.len {
+            return Ok(Some(*progressed));
+        }
+    } else if m.got < m.len {
+        let n = match m.src {
+            None => {
+                // SAFETY: dst..dst+len is inside a live buffer region.
+                let dst = unsafe { std::slice::from_raw_parts_mut(m.dst.add(m.got), m.len - m.got) };
+                ch.link.try_read(dst)
+            }
+            Some(_) => {
+                if ch.staging.len() < m.len {
+                    ch.staging.resize(SEGMENT_BYTES.max(m.len), 0);
+                }
+                ch.link.try_read(&mut ch.staging[m.got..m.len])
+            }
+        }
+        .map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?;
+        m.got += n;
+        *progressed |= n > 0;
+        if m.src.is_some() {
+            reduce_arrived(ch, m)?;
+            if let Some(g) = m.feeds {
+                gates[g] = m.reduced;
+            }
+        } else if let Some(g) = m.feeds {
+            // A plain receive raises its gate as bytes land (a staged device receive
+            // moves each piece on once it is complete).
+            gates[g] = m.got;
+        }
+        if n == 0 && m.got < m.len {
+            return Ok(Some(*progressed));
+        }
+    }
+    if m.got == m.len {
+        q.pop_front();
+        ch.rx = after_payload(h);
+        *progressed = true;
+    }
+    Ok(None)
 }
 
 /// The receive state after the payload of the frame `h`: its padding, if any, then
