@@ -140,6 +140,9 @@ impl Communicator {
     /// buffers of a rank's device between ranks whose devices map each other's
     /// memory copy straight from device to device.
     pub fn in_process_on(devices: Vec<Arc<dyn Device>>) -> Result<Vec<Communicator>> {
+        if devices.is_empty() {
+            return Err(Error::InvalidArgument("in_process_on needs a device per rank, and got none".into()));
+        }
         let comms = Communicator::in_process(devices.len())?;
         bind_in_process(&comms, devices)?;
         Ok(comms)

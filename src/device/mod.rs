@@ -17,6 +17,13 @@
 //! made of host memory whose stream runs lazily (one operation per poll) and
 //! which checks every device address against its allocations.
 //!
+//! Between ranks whose devices can map each other's memory (equal
+//! [`Device::peer_domain`]s; the communicator learns them when it is bound to a
+//! device) nothing is staged: the sender [exports](Device::export) its region, the
+//! receiver [opens](Device::open_export) it and copies or reduces straight from
+//! the peer's memory in one device operation per piece (see
+//! [`PeerCopyChannel`](crate::executor::peer_copy::PeerCopyChannel)).
+//!
 //! Implementations: [`SimDevice`] (always), and the CUDA device (`cuda` feature).
 
 pub mod sim;

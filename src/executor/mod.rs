@@ -13,6 +13,11 @@
 //! executor owns for the round) and the forward, possibly on another channel,
 //! sends each piece only as far as its gate says.
 //!
+//! A call on device buffers wraps each peer's channel for the call: in a
+//! [`peer_copy::PeerCopyChannel`] (the peer's device reads this one's memory
+//! directly) for the peers [`Buffers::peer_copy`] marks, in a
+//! [`staged::StagedChannel`] (through host staging buffers) for the others.
+//!
 //! The channel today is [`StreamChannel`] over the byte-stream links (framing,
 //! single copy, zero-copy reduction out of shared rings: see [`stream`]); CUDA and
 //! RDMA channels will implement the same trait. A call that ends however it ends

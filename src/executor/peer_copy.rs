@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::channel::{pieces, MemKind, MemRegion, PeerChannel, Readiness, Reduction};
+use super::channel::{pieces, MemKind, MemRegion, PeerChannel, Readiness, Reduction, PIECE_BYTES};
 use super::CallInfo;
 use crate::device::{Device, DevicePtr, Export, Ticket, MAX_EXPORT_HANDLE};
 use crate::error::{Error, Result};
@@ -185,12 +185,15 @@ struct RecvJob {
     finished: usize,
 }
 
+/// Piece `k` of a region of `len` bytes, as [`pieces`] cuts it (`k` below the count).
 fn piece(len: usize, k: usize) -> (usize, usize) {
-    pieces(len).nth(k).expect("piece index below the piece count")
+    let off = k * PIECE_BYTES;
+    (off, (len - off).min(PIECE_BYTES))
 }
 
+/// How many pieces [`pieces`] cuts a region of `len` bytes into (an empty one: one).
 fn piece_count(len: usize) -> usize {
-    pieces(len).count()
+    len.div_ceil(PIECE_BYTES).max(1)
 }
 
 impl SendJob {

@@ -95,6 +95,17 @@ fn a_receive_reduce_reads_the_peer_device_memory_directly() {
 /// Zero-length regions: one empty piece each way, described and acknowledged,
 /// with no device work.
 #[test]
+fn piece_arithmetic_agrees_with_the_cut_every_channel_uses() {
+    for len in [0, 1, PIECE_BYTES - 1, PIECE_BYTES, PIECE_BYTES + 1, 3 * PIECE_BYTES + 5] {
+        let cut: Vec<(usize, usize)> = crate::executor::channel::pieces(len).collect();
+        assert_eq!(super::piece_count(len), cut.len(), "{len}");
+        for (k, p) in cut.iter().enumerate() {
+            assert_eq!(super::piece(len, k), *p, "{len} piece {k}");
+        }
+    }
+}
+
+#[test]
 fn empty_regions_complete_without_device_work() {
     let (s0, s1) = (Arc::new(SimDevice::new("e0")), Arc::new(SimDevice::new("e1")));
     let (d0, d1): (Arc<dyn Device>, Arc<dyn Device>) = (s0.clone(), s1.clone());
