@@ -184,3 +184,43 @@ fn corrupt_with(_owner: &SimDevice, msg: Vec<u8>) -> Error {
     assert_eq!(s1.stats().on_device, 0);
     e
 }
+
+/// Ends that disagree about the path (one stages, the other copies single-copy)
+/// fail with a size mismatch naming the peer, in either direction, and write
+/// nothing: never a hang, never a stray write.
+#[test]
+fn a_staging_end_and_a_single_copy_end_fail_cleanly() {
+    let n = 1000;
+    for staged_sends in [true, false] {
+        let (s0, s1) = (Arc::new(SimDevice::new("m0")), Arc::new(SimDevice::new("m1")));
+        let (d0, d1): (Arc<dyn Device>, Arc<dyn Device>) = (s0.clone(), s1.clone());
+        let (src, dst) = (d0.alloc_device(n * 4).unwrap(), d1.alloc_device(n * 4).unwrap());
+        s0.upload(src, &ints((0..n).map(|i| i as i32 + 1))).unwrap();
+        let (mut c0, mut c1) = pair();
+        let (mut a, mut b): (Box<dyn PeerChannel>, Box<dyn PeerChannel>) = if staged_sends {
+            (
+                Box::new(crate::executor::staged::StagedChannel::new(&mut c0, d0.clone())),
+                Box::new(PeerCopyChannel::new(&mut c1, d1.clone())),
+            )
+        } else {
+            (
+                Box::new(PeerCopyChannel::new(&mut c0, d0.clone())),
+                Box::new(crate::executor::staged::StagedChannel::new(&mut c1, d1.clone())),
+            )
+        };
+        a.post_send(region(src, n * 4), None, &call(0, n)).unwrap();
+        b.post_recv(region(dst, n * 4), None, None, &call(1, n)).unwrap();
+        let e = drive(a.as_mut(), b.as_mut(), &mut [], n).unwrap_err();
+        let detail = protocol_detail(e);
+        let want = if staged_sends {
+            format!("frame of {} bytes where this rank expects {CONTROL_BYTES}", n * 4)
+        } else {
+            format!("frame of {CONTROL_BYTES} bytes where this rank expects {}", n * 4)
+        };
+        assert!(detail.contains(&want), "{detail}");
+        drop((a, b));
+        let mut out = vec![0xffu8; n * 4];
+        s1.download(dst, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0), "nothing was written");
+    }
+}
