@@ -447,3 +447,38 @@ fn a_bound_rank_and_an_unbound_rank_stage_between_them() {
         }
     });
 }
+
+/// Ranks 0 and 1 are bound to devices that map each other's memory, rank 2 runs
+/// on host buffers: forwards cross between single-copy and staged channels.
+#[test]
+fn single_copy_and_staged_peers_in_one_call() {
+    let s = sims(2, false, "mix");
+    let devs = vec![Some(s[0].clone() as Arc<dyn Device>), Some(s[1].clone() as Arc<dyn Device>), None];
+    on_ranks(bound_over(TransportKind::Tcp, devs), move |c| {
+        let want_peers: Vec<usize> = match c.rank() {
+            0 => vec![1],
+            1 => vec![0],
+            _ => vec![],
+        };
+        assert_eq!(c.single_copy_peers(), want_peers);
+        let sum = |i: usize| (0..3).map(|q| value(q, i)).sum::<i32>();
+        for algo in [Algorithm::Ring, Algorithm::Chain, Algorithm::Tree, Algorithm::Direct] {
+            c.set_algorithm(Some(algo));
+            let data: Vec<i32> = (0..LARGE).map(|i| value(c.rank(), i)).collect();
+            let got = match c.device() {
+                Some(dev) => {
+                    let mut b = upload(&dev, &data);
+                    c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+                    download(&b)
+                }
+                None => {
+                    let mut h = data;
+                    c.all_reduce_in_place(&mut h, ReduceOp::Sum).unwrap();
+                    h
+                }
+            };
+            check(&format!("{algo:?} rank {}", c.rank()), &got, sum);
+        }
+    });
+    assert!(s.iter().all(|d| d.stats().peer_maps > 0), "ranks 0 and 1 read each other's memory");
+}
