@@ -21,6 +21,8 @@
 //!   communicator id carried by every frame is a hash of prefix and nonce, so a
 //!   new job on an old store, or a second communicator, never shares an id.
 //! - `topo/…`, `shm/…`, `mesh/…`: topology probe and link endpoints.
+//! - `device_domain/{rank}`: the peer domain of the rank's bound device, or that it
+//!   has none, written by every rank after its links are up (see `binding.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
