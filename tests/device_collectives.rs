@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid::algorithm::Algorithm;
+use braid::bootstrap::MemStore;
 use braid::device::{Device, DeviceBuffer, SimDevice};
-use braid::{Communicator, DType, ReduceOp};
+use braid::transport::TransportKind;
+use braid::{Communicator, Config, DType, ReduceOp};
 use common::{comms, on_ranks, Net};
 
 const T: Duration = Duration::from_secs(60);
@@ -231,4 +233,252 @@ fn buffers_of_two_devices_in_one_call_are_refused() {
     let mut short = upload(&a, &[0]);
     let e = c.all_reduce_device(&input, &mut short, DType::I32, ReduceOp::Sum).unwrap_err().to_string();
     assert!(e.contains("output has 4 bytes, expected 8"), "{e}");
+}
+
+// ---- Communicators bound to their devices: single-copy device transfers ----
+
+/// `world` simulated devices: one per rank, or one shared by all.
+fn sims(world: usize, shared: bool, tag: &str) -> Vec<Arc<SimDevice>> {
+    let one = Arc::new(SimDevice::new(&format!("{tag}-shared")));
+    (0..world).map(|r| if shared { one.clone() } else { Arc::new(SimDevice::new(&format!("{tag}{r}"))) }).collect()
+}
+
+fn as_devices(sims: &[Arc<SimDevice>]) -> Vec<Arc<dyn Device>> {
+    sims.iter().map(|s| s.clone() as Arc<dyn Device>).collect()
+}
+
+/// In-process communicators, rank `r` bound to `devices[r]`.
+fn bound_inproc(devices: Vec<Arc<dyn Device>>) -> Vec<Communicator> {
+    let mut cfg = Config::new(0, devices.len());
+    cfg.timeout = T;
+    Communicator::in_process_on_with(devices, cfg).expect("bound in-process communicators")
+}
+
+/// Communicators over `kind` links between threads, built through a store, rank
+/// `r` bound to `devices[r]` (None: not bound).
+fn bound_over(kind: TransportKind, devices: Vec<Option<Arc<dyn Device>>>) -> Vec<Communicator> {
+    let world = devices.len();
+    let store: Arc<dyn braid::bootstrap::Store> = Arc::new(MemStore::new());
+    let handles: Vec<_> = devices
+        .into_iter()
+        .enumerate()
+        .map(|(rank, dev)| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let b = Communicator::builder(rank, world)
+                    .store(store)
+                    .socket_ifname("lo")
+                    .transports(vec![kind])
+                    .timeout(T);
+                match dev {
+                    Some(d) => b.device(d),
+                    None => b,
+                }
+                .build()
+                .expect("bound communicator")
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("builder thread")).collect()
+}
+
+/// The grid on communicators bound to their devices.
+fn bound_grid(comms: Vec<Communicator>, counts: &[usize]) {
+    let counts = counts.to_vec();
+    on_ranks(comms, move |c| {
+        let dev = c.device().expect("bound");
+        let others: Vec<usize> = (0..c.world_size()).filter(|&p| p != c.rank()).collect();
+        assert_eq!(c.single_copy_peers(), others, "simulated devices of one process map each other");
+        for &count in &counts {
+            for in_place in [false, true] {
+                every_collective(c, &dev, count, in_place);
+            }
+        }
+    });
+}
+
+#[test]
+fn bound_grid_inproc_every_world_size() {
+    for world in [1, 2, 3, 4, 7, 8] {
+        bound_grid(bound_inproc(as_devices(&sims(world, false, "b"))), &[0, 1, 1023]);
+    }
+}
+
+#[test]
+fn bound_grid_inproc_large_crosses_pieces() {
+    for world in [2, 3] {
+        bound_grid(bound_inproc(as_devices(&sims(world, false, "bl"))), &[LARGE]);
+    }
+}
+
+#[test]
+fn bound_grid_ranks_sharing_one_device() {
+    bound_grid(bound_inproc(as_devices(&sims(4, true, "bs"))), &[0, 1, 1023, LARGE]);
+}
+
+#[test]
+fn bound_every_algorithm() {
+    let algos = [Algorithm::Ring, Algorithm::Direct, Algorithm::Chain, Algorithm::Tree];
+    on_ranks(bound_inproc(as_devices(&sims(4, false, "ba"))), move |c| {
+        let dev = c.device().unwrap();
+        for a in algos {
+            c.set_algorithm(Some(a));
+            every_collective(c, &dev, 2 * (1 << 18) + 3, true);
+        }
+    });
+}
+
+#[test]
+fn bound_grid_over_tcp_and_shm_between_threads() {
+    for kind in [TransportKind::Tcp, TransportKind::Shm] {
+        let devs = as_devices(&sims(3, false, "bt")).into_iter().map(Some).collect();
+        bound_grid(bound_over(kind, devs), &[1, 1023, LARGE]);
+    }
+}
+
+/// An all-reduce of `LARGE` i32 on every rank; returns each rank's device stats
+/// over the call alone.
+fn all_reduce_stats(comms: Vec<Communicator>, sims: Vec<Arc<SimDevice>>) -> Vec<braid::device::sim::SimStats> {
+    on_ranks(comms, move |c| {
+        let sim = sims[c.rank()].clone();
+        let dev: Arc<dyn Device> = sim.clone();
+        let mut b = upload(&dev, &vec![c.rank() as i32 + 1; LARGE]);
+        c.barrier().unwrap();
+        let before = sim.stats();
+        c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+        let after = sim.stats();
+        c.barrier().unwrap();
+        let n = c.world_size() as i32;
+        check("all-reduce", &download(&b), |_| n * (n + 1) / 2);
+        braid::device::sim::SimStats {
+            to_host: after.to_host - before.to_host,
+            to_device: after.to_device - before.to_device,
+            on_device: after.on_device - before.on_device,
+            reductions: after.reductions - before.reductions,
+            finalizations: 0,
+            peer_maps: after.peer_maps - before.peer_maps,
+        }
+    })
+}
+
+#[test]
+fn bound_peers_take_the_single_copy_path_and_unbound_ones_stage() {
+    let s = sims(3, false, "path");
+    for st in all_reduce_stats(bound_inproc(as_devices(&s)), s) {
+        assert_eq!((st.to_host, st.to_device), (0, 0), "no host staging between bound peers: {st:?}");
+        assert!(st.reductions > 0 && st.peer_maps > 0, "{st:?}");
+    }
+    let s = sims(3, false, "staged");
+    for st in all_reduce_stats(comms(Net::InProc, 3, T), s) {
+        assert!(st.to_host > 0 && st.to_device > 0 && st.peer_maps == 0, "unbound ranks stage: {st:?}");
+    }
+    // Over TCP between threads of one process, bound through the store.
+    let s = sims(2, false, "tcp-path");
+    let devs = as_devices(&s).into_iter().map(Some).collect();
+    for st in all_reduce_stats(bound_over(TransportKind::Tcp, devs), s) {
+        assert_eq!((st.to_host, st.to_device), (0, 0), "{st:?}");
+    }
+}
+
+#[test]
+fn freed_exported_memory_leaves_no_mapping_behind() {
+    let s = sims(2, false, "free");
+    let for_ranks = s.clone();
+    on_ranks(bound_inproc(as_devices(&s)), move |c| {
+        let sim = for_ranks[c.rank()].clone();
+        let dev: Arc<dyn Device> = sim.clone();
+        for round in 0..3 {
+            let mut b = upload(&dev, &vec![round + c.rank() as i32; 5000]);
+            c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+            check("all-reduce", &download(&b), |_| 2 * round + 1);
+            drop(b);
+            c.barrier().unwrap();
+            // Both ranks freed the buffers they exported: no mapping of them is usable.
+            assert_eq!(sim.mapped_allocations(), 0, "round {round}");
+            c.barrier().unwrap();
+        }
+        assert_eq!(sim.stats().peer_maps, 3, "each round maps the peer's new buffer once");
+        assert!(sim.live_allocations() <= 1, "{} allocations left", sim.live_allocations());
+    });
+    for sim in &s {
+        assert_eq!((sim.live_allocations(), sim.mapped_allocations()), (0, 0));
+    }
+}
+
+#[test]
+fn a_call_on_another_device_than_the_bound_one_is_refused() {
+    on_ranks(bound_inproc(as_devices(&sims(2, false, "bound"))), |c| {
+        let other: Arc<dyn Device> = Arc::new(SimDevice::new(&format!("other{}", c.rank())));
+        let mut b = upload(&other, &[1, 2, 3]);
+        let e = c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap_err().to_string();
+        let want = [format!("rank {}", c.rank()), format!("sim:other{}", c.rank()), format!("sim:bound{}", c.rank())];
+        assert!(want.iter().all(|w| e.contains(w.as_str())), "{e}");
+        // The refusal took no sequence number: the bound device still works.
+        let dev = c.device().unwrap();
+        let mut b = upload(&dev, &[1, 2, 3]);
+        c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+        check("all-reduce", &download(&b), |i| 2 * (i as i32 + 1));
+    });
+    // With no peer to copy from, another device is staged as before.
+    let c = bound_inproc(as_devices(&sims(1, false, "alone"))).pop().unwrap();
+    let other: Arc<dyn Device> = Arc::new(SimDevice::new("elsewhere"));
+    let mut b = upload(&other, &[4]);
+    c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+    check("all-reduce", &download(&b), |_| 4);
+}
+
+#[test]
+fn a_bound_rank_and_an_unbound_rank_stage_between_them() {
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new("half"));
+    let comms = bound_over(TransportKind::Tcp, vec![Some(dev.clone()), None]);
+    on_ranks(comms, move |c| {
+        assert!(c.single_copy_peers().is_empty(), "the unbound peer published no domain");
+        let data: Vec<i32> = (0..LARGE).map(|i| value(c.rank(), i)).collect();
+        let want = |i| value(0, i) + value(1, i);
+        if c.rank() == 0 {
+            let mut b = upload(&dev, &data);
+            c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+            check("bound device rank", &download(&b), want);
+        } else {
+            assert!(c.device().is_none());
+            let mut h = data.clone();
+            c.all_reduce_in_place(&mut h, ReduceOp::Sum).unwrap();
+            check("host rank", &h, want);
+        }
+    });
+}
+
+/// Ranks 0 and 1 are bound to devices that map each other's memory, rank 2 runs
+/// on host buffers: forwards cross between single-copy and staged channels.
+#[test]
+fn single_copy_and_staged_peers_in_one_call() {
+    let s = sims(2, false, "mix");
+    let devs = vec![Some(s[0].clone() as Arc<dyn Device>), Some(s[1].clone() as Arc<dyn Device>), None];
+    on_ranks(bound_over(TransportKind::Tcp, devs), move |c| {
+        let want_peers: Vec<usize> = match c.rank() {
+            0 => vec![1],
+            1 => vec![0],
+            _ => vec![],
+        };
+        assert_eq!(c.single_copy_peers(), want_peers);
+        let sum = |i: usize| (0..3).map(|q| value(q, i)).sum::<i32>();
+        for algo in [Algorithm::Ring, Algorithm::Chain, Algorithm::Tree, Algorithm::Direct] {
+            c.set_algorithm(Some(algo));
+            let data: Vec<i32> = (0..LARGE).map(|i| value(c.rank(), i)).collect();
+            let got = match c.device() {
+                Some(dev) => {
+                    let mut b = upload(&dev, &data);
+                    c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+                    download(&b)
+                }
+                None => {
+                    let mut h = data;
+                    c.all_reduce_in_place(&mut h, ReduceOp::Sum).unwrap();
+                    h
+                }
+            };
+            check(&format!("{algo:?} rank {}", c.rank()), &got, sum);
+        }
+    });
+    assert!(s.iter().all(|d| d.stats().peer_maps > 0), "ranks 0 and 1 read each other's memory");
 }

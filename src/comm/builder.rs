@@ -21,6 +21,8 @@
 //!   communicator id carried by every frame is a hash of prefix and nonce, so a
 //!   new job on an old store, or a second communicator, never shares an id.
 //! - `topo/…`, `shm/…`, `mesh/…`, `rdma/…`: topology probe and link endpoints.
+//! - `device_domain/{rank}`: the peer domain of the rank's bound device, or that it
+//!   has none, written by every rank after its links are up (see `binding.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -30,6 +32,7 @@ use super::{Communicator, Origin, StoreOrigin};
 use crate::algorithm::Algorithm;
 use crate::bootstrap::{connect_store, PrefixStore, Store};
 use crate::config::Config;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::executor::{PeerChannel, WaitPolicy};
 use crate::topology;
@@ -43,12 +46,13 @@ pub struct CommunicatorBuilder {
     config: Config,
     store: Option<Arc<dyn Store>>,
     name: Option<String>,
+    device: Option<Arc<dyn Device>>,
 }
 
 impl CommunicatorBuilder {
     /// Start from a configuration (e.g. `Config::from_env()?`).
     pub fn from_config(config: Config) -> CommunicatorBuilder {
-        CommunicatorBuilder { config, store: None, name: None }
+        CommunicatorBuilder { config, store: None, name: None, device: None }
     }
     /// Use this store for rendezvous instead of `config.store`.
     pub fn store(mut self, store: Arc<dyn Store>) -> Self {
@@ -88,6 +92,15 @@ impl CommunicatorBuilder {
         self
     }
 
+    /// Bind the communicator to `device` (as NCCL binds one to a GPU): calls on its
+    /// buffers copy straight from device to device with the peers whose devices
+    /// map each other's memory (same [`Device::peer_domain`]), and stage through
+    /// host memory with the others. Every rank publishes its domain when it builds.
+    pub fn device(mut self, device: Arc<dyn Device>) -> Self {
+        self.device = Some(device);
+        self
+    }
+
     /// Connect to every peer and return the communicator.
     pub fn build(self) -> Result<Communicator> {
         let cfg = self.config;
@@ -117,7 +130,9 @@ impl CommunicatorBuilder {
             Some(n) => format!("braid/{n}"),
             None => format!("braid/comm{}", next_index(&ident, cfg.rank)),
         };
-        connect(cfg, store, prefix, ident.label())
+        let comm = connect(cfg, store, prefix, ident.label())?;
+        super::binding::bind_built(&comm, self.device)?;
+        Ok(comm)
     }
 }
 

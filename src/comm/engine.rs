@@ -43,6 +43,8 @@ pub(crate) struct Engine {
     pub(super) scratch: Vec<u8>,
     /// Scratch of the last call on device buffers (kept while the device is).
     pub(super) device_scratch: Option<DeviceBuffer>,
+    /// The device the communicator is bound to and its single-copy peers.
+    pub(super) binding: Option<super::binding::DeviceBinding>,
     pub(super) queues: executor::Queues,
     pub(super) plans: HashMap<PlanKey, Arc<Schedule>>,
     /// The plans of the latest distinct calls, most recent first.
@@ -76,6 +78,7 @@ impl Engine {
             aborted,
             scratch: Vec::new(),
             device_scratch: None,
+            binding: None,
             queues: executor::Queues::default(),
             plans: HashMap::new(),
             recent_plans: Default::default(),
@@ -230,6 +233,8 @@ impl Engine {
         (output, output_len): (*mut u8, usize),
         device: Option<&Arc<dyn Device>>,
     ) -> Result<()> {
+        // Checked before the call takes a sequence number, as argument errors are.
+        let peer_copy = self.peer_copy_for(device)?;
         let seq = self.coll_seq;
         self.coll_seq += 1;
         let schedule = self.schedule(&sig, self.algorithm)?;
@@ -242,6 +247,7 @@ impl Engine {
             kind: if device.is_some() { MemKind::Device } else { MemKind::Host },
             device: device.cloned(),
             device_scratch: if device.is_some() { self.device_scratch.take() } else { None },
+            peer_copy,
         };
         let r = self.run(sig, &schedule, &mut bufs, (seq, seq));
         self.scratch = std::mem::take(&mut bufs.scratch);
@@ -259,6 +265,7 @@ impl Engine {
         (buf, len): (*mut u8, usize),
         device: Option<&Arc<dyn Device>>,
     ) -> Result<()> {
+        let peer_copy = self.peer_copy_for(device)?;
         let (step, seqs) = if sig.op == OpKind::Send {
             let s = self.p2p_sent[peer];
             self.p2p_sent[peer] += 1;
@@ -283,6 +290,7 @@ impl Engine {
             kind: if device.is_some() { MemKind::Device } else { MemKind::Host },
             device: device.cloned(),
             device_scratch: None,
+            peer_copy,
         };
         let r = self.run(sig, &schedule, &mut bufs, seqs);
         settle(r, &bufs)

@@ -16,8 +16,10 @@
 //!
 //! Files: `mod.rs` the public API; `calls.rs` argument checks and buffer layout;
 //! `turn.rs` issue-order ticketing and abort; `engine.rs` running one call on the
-//! links; `builder.rs` building over a store; `split.rs` sub-communicators.
+//! links; `builder.rs` building over a store; `split.rs` sub-communicators;
+//! `binding.rs` binding a communicator to a device (single-copy peers).
 
+mod binding;
 mod builder;
 mod calls;
 mod device_calls;

@@ -17,6 +17,13 @@
 //! made of host memory whose stream runs lazily (one operation per poll) and
 //! which checks every device address against its allocations.
 //!
+//! Between ranks whose devices can map each other's memory (equal
+//! [`Device::peer_domain`]s; the communicator learns them when it is bound to a
+//! device) nothing is staged: the sender [exports](Device::export) its region, the
+//! receiver [opens](Device::open_export) it and copies or reduces straight from
+//! the peer's memory in one device operation per piece (see
+//! [`PeerCopyChannel`](crate::executor::peer_copy::PeerCopyChannel)).
+//!
 //! Implementations: [`SimDevice`] (always), and the CUDA device (`cuda` feature).
 
 pub mod cuda;
@@ -24,7 +31,7 @@ pub mod sim;
 
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
 
 pub use sim::SimDevice;
@@ -123,6 +130,45 @@ pub trait Device: Send + Sync {
 
     /// Wait until everything enqueued so far has completed.
     fn synchronize(&self) -> Result<()>;
+
+    /// Which devices can map this device's exported memory: two devices can open
+    /// each other's [`Device::export`]s iff both return `Some` of equal strings
+    /// (CUDA: GPUs of one host reachable through IPC handles or peer access; the
+    /// simulated device: devices of one process). None (the default): no device can.
+    fn peer_domain(&self) -> Option<String> {
+        None
+    }
+
+    /// Describe the allocation holding `[ptr, ptr + len)` for a device of the same
+    /// [`Device::peer_domain`]: an opaque handle (at most [`MAX_EXPORT_HANDLE`]
+    /// bytes, equal for every range of one allocation) and the offset of `ptr` in
+    /// the allocation. The allocation must stay allocated while a peer reads it.
+    fn export(&self, ptr: DevicePtr, len: usize) -> Result<Export> {
+        let _ = (ptr, len);
+        Err(Error::Unsupported(format!("{}: exporting device memory to peers", self.describe())))
+    }
+
+    /// Map the allocation a peer exported (cached: opening one handle again
+    /// returns the same mapping) and return its base address on this device and
+    /// its size. `handle` comes from a peer and is untrusted: implementations
+    /// validate all of it, and callers check every offset and length against the
+    /// returned size before they use the mapping.
+    fn open_export(&self, handle: &[u8]) -> Result<(DevicePtr, usize)> {
+        let _ = handle;
+        Err(Error::Unsupported(format!("{}: opening a peer's device memory", self.describe())))
+    }
+}
+
+/// Longest handle [`Device::export`] may produce (a CUDA IPC handle is 64 bytes).
+pub const MAX_EXPORT_HANDLE: usize = 128;
+
+/// A range of device memory described for a peer (see [`Device::export`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Export {
+    /// Names the allocation holding the range (opaque; at most [`MAX_EXPORT_HANDLE`] bytes).
+    pub handle: Vec<u8>,
+    /// Where the range starts inside that allocation.
+    pub offset: usize,
 }
 
 /// Device memory owned by braid, freed on drop (after the work that uses it).

@@ -8,22 +8,49 @@
 //! operation per [`Device::is_complete`] poll (all of it on
 //! [`Device::synchronize`] or a free), so code that reads a result before its
 //! ticket completes sees stale bytes, as it would on a real device.
+//!
+//! Devices of one process share a [`Device::peer_domain`], so one can
+//! [`open_export`](Device::open_export) what another [exported](Device::export):
+//! a process-wide registry resolves the handle, and the peer's allocation gets an
+//! address of the opening device (as an IPC mapping does), usable by it only from
+//! then on. When the owner frees an allocation a peer has mapped, the peer's later
+//! use of it is an error: refused when enqueued, or reported by the next poll when
+//! the free came between enqueueing and running (a real device's illegal access).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use super::{Device, DevicePtr, Ticket};
+use super::{Device, DevicePtr, Export, Ticket};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::types::{DType, ReduceOp};
 
 /// Where the simulated device memory starts (far from anything mapped in a test).
 const BASE: DevicePtr = 0x5e00_0000_0000;
+/// Each device's addresses are a range of this size of its own, so an address of
+/// one device is never valid on another (they must open each other's exports).
+const RANGE_BITS: u32 = 40;
 /// Unmapped gap after every allocation, so an overrun is never another allocation.
 const GUARD: u64 = 1 << 16;
+/// Export handles start with this.
+const HANDLE_MAGIC: &[u8; 4] = b"bsim";
+/// magic, pid (u32), owner device id, allocation id, allocation length (u64 each).
+const HANDLE_LEN: usize = 32;
+
+static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
+static NEXT_ALLOC: AtomicU64 = AtomicU64::new(1);
+
+/// Every exported, not yet freed allocation of the simulated devices of this
+/// process, by allocation id: how one device resolves another's handle.
+fn exports() -> MutexGuard<'static, HashMap<u64, Weak<Alloc>>> {
+    static EXPORTS: OnceLock<Mutex<HashMap<u64, Weak<Alloc>>>> = OnceLock::new();
+    EXPORTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A device made of host memory (see the module docs).
 pub struct SimDevice {
+    id: u64,
     name: String,
     state: Mutex<State>,
 }
@@ -35,23 +62,62 @@ pub struct SimStats {
     pub to_host: u64,
     /// Host-to-device copies run.
     pub to_device: u64,
-    /// Device-to-device copies run.
+    /// Device-to-device copies run (from this device's memory or a peer's).
     pub on_device: u64,
     /// Reductions run.
     pub reductions: u64,
     /// Finalisations (averages) run.
     pub finalizations: u64,
+    /// Peer allocations mapped by [`Device::open_export`] (cache misses).
+    pub peer_maps: u64,
 }
 
-#[derive(Default)]
+/// One allocation. Its bytes live until the owner frees it; a peer that still has
+/// it mapped then finds `None` and gets an error instead of freed memory.
+struct Alloc {
+    id: u64,
+    owner: u64,
+    /// The owner's address of the first byte.
+    base: DevicePtr,
+    len: usize,
+    mem: Mutex<Option<Box<[u8]>>>,
+}
+
+impl Alloc {
+    fn mem(&self) -> MutexGuard<'_, Option<Box<[u8]>>> {
+        self.mem.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn live(&self) -> bool {
+        self.mem().is_some()
+    }
+
+    /// Mark freed (its owner freed it or went away) and withdraw its export.
+    fn release(&self) {
+        *self.mem() = None;
+        exports().remove(&self.id);
+    }
+}
+
 struct State {
-    allocs: BTreeMap<DevicePtr, Box<[u8]>>,
+    name: String,
+    /// This device's allocations, by address.
+    allocs: BTreeMap<DevicePtr, Arc<Alloc>>,
+    /// Peers' allocations opened here, by the address they got on this device.
+    mapped: BTreeMap<DevicePtr, Arc<Alloc>>,
+    /// Allocation id -> address in `mapped` (the open_export cache).
+    opened: HashMap<u64, DevicePtr>,
     next: DevicePtr,
+    /// End of this device's address range.
+    end: DevicePtr,
     hosts: HashMap<usize, usize>,
     queue: VecDeque<Op>,
     enqueued: u64,
     done: u64,
     stats: SimStats,
+    /// The first operation that failed while running (a peer freed memory this
+    /// device had queued work on), reported by the next poll or synchronize.
+    fault: Option<Error>,
 }
 
 enum Op {
@@ -65,23 +131,39 @@ enum Op {
 impl SimDevice {
     /// A new simulated device named `name` (as in `describe`).
     pub fn new(name: &str) -> SimDevice {
-        SimDevice { name: format!("sim:{name}"), state: Mutex::new(State { next: BASE, ..State::default() }) }
+        let name = format!("sim:{name}");
+        let state = State {
+            name: name.clone(),
+            allocs: BTreeMap::new(),
+            mapped: BTreeMap::new(),
+            opened: HashMap::new(),
+            next: 0,
+            end: 0,
+            hosts: HashMap::new(),
+            queue: VecDeque::new(),
+            enqueued: 0,
+            done: 0,
+            stats: SimStats::default(),
+            fault: None,
+        };
+        let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
+        let start = BASE + ((id % (1 << 20)) << RANGE_BITS);
+        let state = State { next: start, end: start + (1 << RANGE_BITS), ..state };
+        SimDevice { id, name, state: Mutex::new(state) }
     }
 
     /// Copy `data` to device address `dst`, after everything enqueued so far.
     pub fn upload(&self, dst: DevicePtr, data: &[u8]) -> Result<()> {
         let mut st = self.lock();
-        st.drain();
-        let (start, off) = st.resolve(&self.name, dst, data.len())?;
-        st.allocs.get_mut(&start).expect("resolved")[off..off + data.len()].copy_from_slice(data);
-        Ok(())
+        st.drain()?;
+        st.write(dst, data)
     }
 
     /// Copy `out.len()` bytes from device address `src`, after everything enqueued so far.
     pub fn download(&self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
         let mut st = self.lock();
-        st.drain();
-        out.copy_from_slice(&st.read(&self.name, src, out.len())?);
+        st.drain()?;
+        out.copy_from_slice(&st.read(src, out.len())?);
         Ok(())
     }
 
@@ -90,9 +172,14 @@ impl SimDevice {
         self.lock().stats
     }
 
-    /// Device allocations currently live.
+    /// Device allocations of this device currently live.
     pub fn live_allocations(&self) -> usize {
         self.lock().allocs.len()
+    }
+
+    /// Peer allocations this device has mapped whose owners have not freed them.
+    pub fn mapped_allocations(&self) -> usize {
+        self.lock().mapped.values().filter(|a| a.live()).count()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -103,44 +190,90 @@ impl SimDevice {
     fn enqueue(&self, check: &[(DevicePtr, usize)], op: Op) -> Result<()> {
         let mut st = self.lock();
         for &(p, len) in check {
-            st.resolve(&self.name, p, len)?;
+            st.resolve(p, len)?;
         }
         st.queue.push_back(op);
         st.enqueued += 1;
         Ok(())
     }
+
+    fn reserve(st: &mut State, len: usize) -> Result<DevicePtr> {
+        let p = st.next;
+        let span = (len as u64).div_ceil(GUARD).max(1) * GUARD + GUARD;
+        st.next = p
+            .checked_add(span)
+            .filter(|&n| n <= st.end)
+            .ok_or_else(|| Error::Device(format!("{}: out of addresses", st.name)))?;
+        Ok(p)
+    }
+}
+
+/// The handle naming allocation `a` of device `owner` of this process.
+fn encode_handle(owner: u64, a: &Alloc) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HANDLE_LEN);
+    h.extend_from_slice(HANDLE_MAGIC);
+    h.extend_from_slice(&std::process::id().to_le_bytes());
+    h.extend_from_slice(&owner.to_le_bytes());
+    h.extend_from_slice(&a.id.to_le_bytes());
+    h.extend_from_slice(&(a.len as u64).to_le_bytes());
+    h
+}
+
+/// (owner device, allocation id, allocation length) of an untrusted handle.
+fn decode_handle(h: &[u8]) -> std::result::Result<(u64, u64, u64), String> {
+    if h.len() != HANDLE_LEN || &h[..4] != HANDLE_MAGIC {
+        return Err(format!("{} bytes that are not a simulated device's export handle", h.len()));
+    }
+    let word = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().expect("eight bytes"));
+    let pid = u32::from_le_bytes(h[4..8].try_into().expect("four bytes"));
+    if pid != std::process::id() {
+        return Err(format!("a handle of process {pid}, not of this process ({})", std::process::id()));
+    }
+    Ok((word(8), word(16), word(24)))
 }
 
 impl State {
-    /// The allocation holding `[p, p + len)` and the offset of `p` in it.
-    fn resolve(&self, name: &str, p: DevicePtr, len: usize) -> Result<(DevicePtr, usize)> {
-        let found = self.allocs.range(..=p).next_back();
-        match found {
-            Some((&start, mem)) if p - start <= mem.len() as u64 && (p - start) as usize + len <= mem.len() => {
-                Ok((start, (p - start) as usize))
+    /// The allocation (own or mapped) holding `[p, p + len)` and the offset of `p` in it.
+    fn resolve(&self, p: DevicePtr, len: usize) -> Result<(&Arc<Alloc>, usize)> {
+        for map in [&self.allocs, &self.mapped] {
+            let Some((&start, a)) = map.range(..=p).next_back() else { continue };
+            let off = p - start;
+            if off <= a.len as u64 && (off as usize).checked_add(len).is_some_and(|end| end <= a.len) {
+                if !a.live() {
+                    return Err(Error::Device(format!(
+                        "{}: [{p:#x}, +{len}) is in a peer's allocation that its owner has freed",
+                        self.name
+                    )));
+                }
+                return Ok((a, off as usize));
             }
-            _ => Err(Error::Device(format!("{name}: [{p:#x}, +{len}) is not inside any allocation of this device"))),
         }
+        Err(Error::Device(format!("{}: [{p:#x}, +{len}) is not inside any allocation of this device", self.name)))
     }
 
-    fn read(&self, name: &str, p: DevicePtr, len: usize) -> Result<Vec<u8>> {
-        let (start, off) = self.resolve(name, p, len)?;
-        Ok(self.allocs[&start][off..off + len].to_vec())
+    fn read(&self, p: DevicePtr, len: usize) -> Result<Vec<u8>> {
+        let (a, off) = self.resolve(p, len)?;
+        let mem = a.mem();
+        let bytes = mem.as_ref().ok_or_else(|| Error::Device(format!("{}: read of freed memory", self.name)))?;
+        Ok(bytes[off..off + len].to_vec())
     }
 
-    fn write(&mut self, name: &str, p: DevicePtr, data: &[u8]) -> Result<()> {
-        let (start, off) = self.resolve(name, p, data.len())?;
-        self.allocs.get_mut(&start).expect("resolved")[off..off + data.len()].copy_from_slice(data);
+    fn write(&self, p: DevicePtr, data: &[u8]) -> Result<()> {
+        let (a, off) = self.resolve(p, data.len())?;
+        let mut mem = a.mem();
+        let bytes = mem.as_mut().ok_or_else(|| Error::Device(format!("{}: write of freed memory", self.name)))?;
+        bytes[off..off + data.len()].copy_from_slice(data);
         Ok(())
     }
 
     /// Run the oldest enqueued operation. Ranges were checked when it was enqueued
-    /// and frees drain the queue first, so they still resolve.
+    /// and frees of this device's memory drain the queue first, so only a peer's
+    /// memory, freed by its owner meanwhile, can fail here: that is recorded as the
+    /// device's fault (as a real device reports an illegal access), not skipped.
     fn step(&mut self) -> bool {
         let Some(op) = self.queue.pop_front() else { return false };
-        let name = "sim";
         let r = match op {
-            Op::ToHost { dst, src, len } => self.read(name, src, len).map(|data| {
+            Op::ToHost { dst, src, len } => self.read(src, len).map(|data| {
                 // SAFETY: the caller of copy_to_host keeps dst valid for `len`
                 // bytes until this operation's ticket completes, which is after now.
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, len) };
@@ -151,44 +284,48 @@ impl State {
                 // for `len` bytes until this operation's ticket completes.
                 let data = unsafe { std::slice::from_raw_parts(src as *const u8, len) }.to_vec();
                 self.stats.to_device += 1;
-                self.write(name, dst, &data)
+                self.write(dst, &data)
             }
             Op::OnDevice { dst, src, len } => {
                 self.stats.on_device += 1;
-                self.read(name, src, len).and_then(|data| self.write(name, dst, &data))
+                self.read(src, len).and_then(|data| self.write(dst, &data))
             }
             Op::Reduce { dst, a, b, len, dtype, op } => {
                 self.stats.reductions += 1;
-                let (x, y) = match (self.read(name, a, len), self.read(name, b, len)) {
-                    (Ok(x), Ok(y)) => (x, y),
-                    (Err(e), _) | (_, Err(e)) => return self.fail(e),
-                };
-                let mut out = vec![0u8; len];
-                reduce::reduce_into(dtype, op, &mut out, &x, &y).and_then(|()| self.write(name, dst, &out))
+                self.read(a, len).and_then(|x| {
+                    let y = self.read(b, len)?;
+                    let mut out = vec![0u8; len];
+                    reduce::reduce_into(dtype, op, &mut out, &x, &y)?;
+                    self.write(dst, &out)
+                })
             }
             Op::Finalize { buf, len, dtype, op, world } => {
                 self.stats.finalizations += 1;
-                self.read(name, buf, len).and_then(|mut data| {
+                self.read(buf, len).and_then(|mut data| {
                     reduce::finalize(dtype, op, &mut data, world)?;
-                    self.write(name, buf, &data)
+                    self.write(buf, &data)
                 })
             }
         };
         if let Err(e) = r {
-            return self.fail(e);
+            tracing::error!("{}: a device operation failed: {e}", self.name);
+            self.fault.get_or_insert(e);
         }
         self.done += 1;
         true
     }
 
-    fn fail(&mut self, e: Error) -> bool {
-        // Enqueue-time checks make this unreachable; a simulator that silently
-        // skipped an operation would hide the very bugs it exists to find.
-        panic!("simulated device operation failed after its checks passed: {e}");
+    /// The recorded fault, once.
+    fn take_fault(&mut self) -> Result<()> {
+        match self.fault.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
-    fn drain(&mut self) {
+    fn drain(&mut self) -> Result<()> {
         while self.step() {}
+        self.take_fault()
     }
 }
 
@@ -199,18 +336,22 @@ impl Device for SimDevice {
 
     fn alloc_device(&self, len: usize) -> Result<DevicePtr> {
         let mut st = self.lock();
-        let p = st.next;
-        let span = (len as u64).div_ceil(GUARD).max(1) * GUARD + GUARD;
-        st.next = p.checked_add(span).ok_or_else(|| Error::Device(format!("{}: out of addresses", self.name)))?;
-        st.allocs.insert(p, vec![0u8; len].into_boxed_slice());
+        let p = SimDevice::reserve(&mut st, len)?;
+        let id = NEXT_ALLOC.fetch_add(1, Ordering::Relaxed);
+        let mem = Mutex::new(Some(vec![0u8; len].into_boxed_slice()));
+        st.allocs.insert(p, Arc::new(Alloc { id, owner: self.id, base: p, len, mem }));
         Ok(p)
     }
 
     unsafe fn free_device(&self, ptr: DevicePtr, len: usize) {
         let mut st = self.lock();
-        st.drain();
+        // A fault stays recorded for the next poll: a free has no caller to tell.
+        while st.step() {}
         let freed = st.allocs.remove(&ptr);
-        assert!(freed.is_some_and(|m| m.len() == len), "{}: free of {ptr:#x} (+{len}) not allocated", self.name);
+        assert!(freed.as_ref().is_some_and(|a| a.len == len), "{}: free of {ptr:#x} (+{len}) not allocated", self.name);
+        if let Some(a) = freed {
+            a.release();
+        }
     }
 
     fn alloc_host(&self, len: usize) -> Result<*mut u8> {
@@ -223,7 +364,7 @@ impl Device for SimDevice {
 
     unsafe fn free_host(&self, ptr: *mut u8, len: usize) {
         let mut st = self.lock();
-        st.drain();
+        while st.step() {}
         assert_eq!(st.hosts.remove(&(ptr as usize)), Some(len), "{}: free of host buffer not allocated", self.name);
         // SAFETY: ptr came from Box::into_raw of a boxed slice of `len.max(1)` bytes
         // in alloc_host, and the map entry just removed proves it is freed only once.
@@ -276,18 +417,76 @@ impl Device for SimDevice {
         if st.done < ticket.0 {
             st.step();
         }
+        st.take_fault()?;
         Ok(st.done >= ticket.0)
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.lock().drain();
-        Ok(())
+        self.lock().drain()
+    }
+
+    fn peer_domain(&self) -> Option<String> {
+        Some(format!("sim-process:{}", std::process::id()))
+    }
+
+    fn export(&self, ptr: DevicePtr, len: usize) -> Result<Export> {
+        let st = self.lock();
+        // Only this device's own memory: a peer's mapping is not re-exported.
+        let own = st.allocs.range(..=ptr).next_back().filter(|(&start, a)| {
+            let off = ptr - start;
+            off <= a.len as u64 && (off as usize).checked_add(len).is_some_and(|end| end <= a.len)
+        });
+        let Some((&start, a)) = own else {
+            return Err(Error::InvalidArgument(format!(
+                "{}: export of [{ptr:#x}, +{len}), which is not inside an allocation of this device",
+                self.name
+            )));
+        };
+        exports().entry(a.id).or_insert_with(|| Arc::downgrade(a));
+        Ok(Export { handle: encode_handle(self.id, a), offset: (ptr - start) as usize })
+    }
+
+    fn open_export(&self, handle: &[u8]) -> Result<(DevicePtr, usize)> {
+        let refuse = |why: String| Error::Device(format!("{}: cannot open a peer's export: {why}", self.name));
+        let (owner, id, len) = decode_handle(handle).map_err(refuse)?;
+        // Looked up before this device's lock is taken: frees take a device's lock,
+        // then the registry's, never the other way round.
+        let alloc = exports().get(&id).and_then(Weak::upgrade);
+        let alloc = alloc.ok_or_else(|| refuse(format!("allocation {id} is not exported by a live allocation")))?;
+        if alloc.owner != owner || alloc.len as u64 != len {
+            return Err(refuse(format!("allocation {id} is not the one of device {owner} and {len} bytes it names")));
+        }
+        if !alloc.live() {
+            return Err(refuse(format!("allocation {id} was freed by its owner")));
+        }
+        if owner == self.id {
+            return Ok((alloc.base, alloc.len));
+        }
+        let mut st = self.lock();
+        // Mappings of freed allocations go (their addresses are never reused).
+        let dead: Vec<DevicePtr> = st.mapped.iter().filter(|(_, a)| !a.live()).map(|(&p, _)| p).collect();
+        for p in dead {
+            if let Some(a) = st.mapped.remove(&p) {
+                st.opened.remove(&a.id);
+            }
+        }
+        if let Some(&p) = st.opened.get(&id) {
+            return Ok((p, alloc.len));
+        }
+        let p = SimDevice::reserve(&mut st, alloc.len)?;
+        st.opened.insert(id, p);
+        st.mapped.insert(p, alloc.clone());
+        st.stats.peer_maps += 1;
+        Ok((p, alloc.len))
     }
 }
 
 impl Drop for SimDevice {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for a in st.allocs.values() {
+            a.release();
+        }
         for (&p, &len) in &st.hosts {
             // SAFETY: every entry is a live Box<[u8]> of `len.max(1)` bytes from
             // alloc_host that no HostBuffer frees any more (one holds the device alive).
@@ -338,6 +537,81 @@ mod tests {
         assert!(e.contains("not inside any allocation"), "{e}");
         // SAFETY: as above.
         assert!(unsafe { d.reduce(a, a, a + 4, 8, DType::I32, ReduceOp::Sum) }.is_err());
+    }
+
+    #[test]
+    fn a_peer_maps_an_export_once_and_reads_and_reduces_from_it() {
+        let (a, b) = (SimDevice::new("a"), SimDevice::new("b"));
+        assert_eq!(a.peer_domain(), b.peer_domain());
+        let pa = a.alloc_device(64).unwrap();
+        a.upload(pa, &[3u8; 64]).unwrap();
+        let ex = a.export(pa + 16, 32).unwrap();
+        assert_eq!(ex.offset, 16);
+        assert_eq!(ex.handle, a.export(pa, 64).unwrap().handle, "one handle per allocation");
+        assert!(ex.handle.len() <= crate::device::MAX_EXPORT_HANDLE);
+        let pb = b.alloc_device(32).unwrap();
+        // SAFETY: refused before anything is enqueued: b has not opened a's memory.
+        let e = unsafe { b.copy_on_device(pb, pa, 32) }.unwrap_err().to_string();
+        assert!(e.contains("not inside any allocation"), "{e}");
+        let (base, size) = b.open_export(&ex.handle).unwrap();
+        assert_eq!(size, 64);
+        assert_eq!(b.open_export(&ex.handle).unwrap(), (base, size), "cached");
+        assert_eq!((b.stats().peer_maps, b.mapped_allocations()), (1, 1));
+        assert_eq!(a.open_export(&ex.handle).unwrap(), (pa, 64), "the owner gets its own address");
+        b.upload(pb, &[1u8; 32]).unwrap();
+        // SAFETY: ranges of live allocations (b's own and a's mapping).
+        unsafe { b.reduce(pb, pb, base + 16, 32, DType::U8, ReduceOp::Sum).unwrap() };
+        let mut out = [0u8; 32];
+        b.download(pb, &mut out).unwrap();
+        assert_eq!(out, [4u8; 32]);
+        // SAFETY: past the mapping's size: refused when enqueued.
+        assert!(unsafe { b.copy_on_device(pb, base + 48, 32) }.is_err());
+    }
+
+    #[test]
+    fn untrusted_handles_are_refused() {
+        let (a, b) = (SimDevice::new("a"), SimDevice::new("b"));
+        let pa = a.alloc_device(8).unwrap();
+        let h = a.export(pa, 8).unwrap().handle;
+        for bad in [vec![], vec![0u8; 32], h[..31].to_vec()] {
+            assert!(b.open_export(&bad).is_err(), "{bad:?}");
+        }
+        let mut other_pid = h.clone();
+        other_pid[4] ^= 1;
+        assert!(b.open_export(&other_pid).unwrap_err().to_string().contains("not of this process"));
+        let mut longer = h.clone();
+        longer[24] = 9;
+        assert!(b.open_export(&longer).unwrap_err().to_string().contains("names"));
+        let mut unknown = h.clone();
+        unknown[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(b.open_export(&unknown).unwrap_err().to_string().contains("not exported"));
+        // SAFETY: export refuses what is not a's own allocation.
+        assert!(a.export(pa + 4, 8).is_err());
+        let (mapped, _) = b.open_export(&h).unwrap();
+        assert!(b.export(mapped, 8).is_err(), "a mapping is not re-exported");
+    }
+
+    #[test]
+    fn freeing_exported_memory_makes_a_peer_access_an_error_not_a_crash() {
+        let (a, b) = (SimDevice::new("a"), SimDevice::new("b"));
+        let pa = a.alloc_device(16).unwrap();
+        let h = a.export(pa, 16).unwrap().handle;
+        let (mapped, _) = b.open_export(&h).unwrap();
+        let pb = b.alloc_device(16).unwrap();
+        // SAFETY: live ranges when enqueued; the free below comes before it runs.
+        unsafe { b.copy_on_device(pb, mapped, 16).unwrap() };
+        let t = b.record().unwrap();
+        // SAFETY: pa is a's allocation of 16 bytes, freed once.
+        unsafe { a.free_device(pa, 16) };
+        let e = b.is_complete(t).unwrap_err().to_string();
+        assert!(e.contains("freed"), "{e}");
+        assert!(b.is_complete(t).unwrap(), "reported once; the device goes on");
+        // SAFETY: refused when enqueued.
+        let e = unsafe { b.copy_on_device(pb, mapped, 16) }.unwrap_err().to_string();
+        assert!(e.contains("freed"), "{e}");
+        assert!(b.open_export(&h).unwrap_err().to_string().contains("not exported"));
+        assert_eq!(b.mapped_allocations(), 0);
+        assert_eq!(a.live_allocations(), 0);
     }
 
     #[test]

@@ -13,6 +13,11 @@
 //! executor owns for the round) and the forward, possibly on another channel,
 //! sends each piece only as far as its gate says.
 //!
+//! A call on device buffers wraps each peer's channel for the call: in a
+//! [`peer_copy::PeerCopyChannel`] (the peer's device reads this one's memory
+//! directly) for the peers [`Buffers::peer_copy`] marks, in a
+//! [`staged::StagedChannel`] (through host staging buffers) for the others.
+//!
 //! The channel today is [`StreamChannel`] over the byte-stream links (framing,
 //! single copy, zero-copy reduction out of shared rings: see [`stream`]); CUDA and
 //! RDMA channels will implement the same trait. A call that ends however it ends
@@ -30,6 +35,7 @@ use crate::error::{Error, OpContext, Result};
 use crate::reduce;
 
 pub mod channel;
+pub mod peer_copy;
 pub mod staged;
 pub mod stream;
 use crate::types::{CallSig, DType, ReduceOp};
@@ -83,6 +89,12 @@ pub struct Buffers {
     /// Scratch on that device, kept between calls; replaced when too small or of
     /// another device.
     pub device_scratch: Option<DeviceBuffer>,
+    /// For a call on device buffers: the peers (by rank) whose devices map this
+    /// device's memory and the other way round, reached by single-copy device
+    /// transfers ([`peer_copy::PeerCopyChannel`]); every other peer is staged
+    /// through host memory. Both ends of a pair must agree (the communicator
+    /// decides from its bound devices). None: stage everything.
+    pub peer_copy: Option<Arc<[bool]>>,
 }
 
 impl Buffers {
@@ -185,15 +197,24 @@ pub unsafe fn execute(
         bufs.device_scratch = Some(DeviceBuffer::new(&device, schedule.scratch_bytes)?);
     }
     let end = CallEnd { channels };
-    // Each peer's channel, staged through the device's host buffers for this call.
-    // Dropped before `end` (declared after it), so the device is synchronized and
-    // the staging buffers are withdrawn before the inner channels end the call.
+    // Each peer's channel, for this call: single-copy device transfers with the
+    // peers whose devices map this one's memory, staging through the device's host
+    // buffers with the others. Dropped before `end` (declared after it), so the
+    // device is synchronized and the staging buffers and control slots are
+    // withdrawn before the inner channels end the call.
+    let single_copy = |p: usize| bufs.peer_copy.as_ref().is_some_and(|m| m.get(p).copied().unwrap_or(false));
     let mut staged: Vec<Option<Box<dyn PeerChannel + '_>>> = end
         .channels
         .iter_mut()
-        .map(|ch| {
-            ch.as_mut()
-                .map(|c| Box::new(staged::StagedChannel::new(c.as_mut(), device.clone())) as Box<dyn PeerChannel>)
+        .enumerate()
+        .map(|(p, ch)| {
+            ch.as_mut().map(|c| {
+                if single_copy(p) {
+                    Box::new(peer_copy::PeerCopyChannel::new(c.as_mut(), device.clone())) as Box<dyn PeerChannel>
+                } else {
+                    Box::new(staged::StagedChannel::new(c.as_mut(), device.clone())) as Box<dyn PeerChannel>
+                }
+            })
         })
         .collect();
     run_rounds(schedule, &mut staged, queues, bufs, call)

@@ -1,0 +1,226 @@
+//! The single-copy device channel driven directly, two ranks' channels over an
+//! in-process link, each on its own simulated device.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Control, ControlKind, PeerCopyChannel, CONTROL_BYTES};
+use crate::device::{Device, DevicePtr, SimDevice};
+use crate::error::{Error, OpContext, Result};
+use crate::executor::channel::{MemKind, MemRegion, PeerChannel, Reduction, PIECE_BYTES};
+use crate::executor::{CallInfo, StreamChannel, WaitPolicy};
+use crate::transport::loopback::LoopbackLink;
+use crate::types::{CallSig, DType, OpKind, ReduceOp};
+
+fn call(rank: usize, count: usize) -> CallInfo {
+    let sig = CallSig::new(OpKind::AllReduce, DType::I32, count as u64, 0, ReduceOp::Sum);
+    CallInfo {
+        ctx: OpContext { rank, call: Some(sig), seq: 0 },
+        sig,
+        send_seq: 0,
+        recv_seq: 0,
+        comm_id: 9,
+        epoch: 0,
+        dtype: DType::I32,
+        reduce_op: ReduceOp::Sum,
+        timeout: Duration::from_secs(10),
+        wait: WaitPolicy::for_ranks(1),
+        aborted: Arc::new(AtomicBool::new(false)),
+    }
+}
+
+fn pair() -> (StreamChannel, StreamChannel) {
+    let (a, b) = LoopbackLink::pair(0, 1, 64 << 10);
+    (StreamChannel::new(Box::new(a)), StreamChannel::new(Box::new(b)))
+}
+
+fn region(p: DevicePtr, len: usize) -> MemRegion {
+    MemRegion { ptr: p as usize as *mut u8, len, kind: MemKind::Device }
+}
+
+fn ints(v: impl Iterator<Item = i32>) -> Vec<u8> {
+    v.flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Drive `a` (rank 0) and `b` (rank 1) until neither is busy or one fails.
+fn drive(a: &mut dyn PeerChannel, b: &mut dyn PeerChannel, gates: &mut [usize], n: usize) -> Result<()> {
+    let (ia, ib) = (call(0, n), call(1, n));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.busy() || b.busy() {
+        assert!(Instant::now() < deadline, "transfer stalled");
+        a.progress(1, gates, &ia)?;
+        b.progress(0, gates, &ib)?;
+    }
+    Ok(())
+}
+
+/// Rank 0's device region is read by rank 1's device and reduced into rank 1's
+/// region, piece by piece, with no host staging copy on either device; rank 0's
+/// send completes only after rank 1 acknowledged every piece.
+#[test]
+fn a_receive_reduce_reads_the_peer_device_memory_directly() {
+    let n = 2 * (PIECE_BYTES / 4) + 7;
+    let (s0, s1) = (Arc::new(SimDevice::new("p0")), Arc::new(SimDevice::new("p1")));
+    let (d0, d1): (Arc<dyn Device>, Arc<dyn Device>) = (s0.clone(), s1.clone());
+    let src = d0.alloc_device(n * 4).unwrap();
+    let (dst, own) = (d1.alloc_device(n * 4).unwrap(), d1.alloc_device(n * 4).unwrap());
+    s0.upload(src, &ints((0..n).map(|i| i as i32))).unwrap();
+    s1.upload(own, &ints((0..n).map(|_| 5))).unwrap();
+    let (mut c0, mut c1) = pair();
+    let mut a = PeerCopyChannel::new(&mut c0, d0.clone());
+    let mut b = PeerCopyChannel::new(&mut c1, d1.clone());
+    let mut gates = Vec::new();
+    a.post_send(region(src, n * 4), None, &call(0, n)).unwrap();
+    let reduction = Reduction { src: region(own, n * 4), op: ReduceOp::Sum, dtype: DType::I32 };
+    b.post_recv(region(dst, n * 4), Some(reduction), Some(&mut gates), &call(1, n)).unwrap();
+    assert_eq!(gates.len(), 3, "one gate per piece");
+    let ia = call(0, n);
+    // Until rank 1 runs its device work and acknowledges, rank 0 stays busy.
+    for _ in 0..50 {
+        a.progress(1, &mut gates, &ia).unwrap();
+    }
+    assert!(a.busy(), "a send completes only when the peer acknowledged it");
+    drive(&mut a, &mut b, &mut gates, n).unwrap();
+    assert_eq!(gates, [PIECE_BYTES, PIECE_BYTES, 28], "every piece's gate opened once its reduction completed");
+    drop((a, b));
+    let mut out = vec![0u8; n * 4];
+    s1.download(dst, &mut out).unwrap();
+    assert_eq!(out, ints((0..n).map(|i| i as i32 + 5)));
+    let (st0, st1) = (s0.stats(), s1.stats());
+    assert_eq!((st0.to_host, st0.to_device, st1.to_host, st1.to_device), (0, 0, 0, 0), "{st0:?} {st1:?}");
+    assert_eq!((st1.reductions, st1.peer_maps), (3, 1), "one reduction per piece, one mapping");
+}
+
+/// Zero-length regions: one empty piece each way, described and acknowledged,
+/// with no device work.
+#[test]
+fn piece_arithmetic_agrees_with_the_cut_every_channel_uses() {
+    for len in [0, 1, PIECE_BYTES - 1, PIECE_BYTES, PIECE_BYTES + 1, 3 * PIECE_BYTES + 5] {
+        let cut: Vec<(usize, usize)> = crate::executor::channel::pieces(len).collect();
+        assert_eq!(super::piece_count(len), cut.len(), "{len}");
+        for (k, p) in cut.iter().enumerate() {
+            assert_eq!(super::piece(len, k), *p, "{len} piece {k}");
+        }
+    }
+}
+
+#[test]
+fn empty_regions_complete_without_device_work() {
+    let (s0, s1) = (Arc::new(SimDevice::new("e0")), Arc::new(SimDevice::new("e1")));
+    let (d0, d1): (Arc<dyn Device>, Arc<dyn Device>) = (s0.clone(), s1.clone());
+    let (p0, p1) = (d0.alloc_device(0).unwrap(), d1.alloc_device(0).unwrap());
+    let (mut c0, mut c1) = pair();
+    let mut a = PeerCopyChannel::new(&mut c0, d0);
+    let mut b = PeerCopyChannel::new(&mut c1, d1);
+    let mut gates = Vec::new();
+    a.post_send(region(p0, 0), None, &call(0, 0)).unwrap();
+    b.post_recv(region(p1, 0), None, Some(&mut gates), &call(1, 0)).unwrap();
+    drive(&mut a, &mut b, &mut gates, 0).unwrap();
+    assert_eq!(gates, [0]);
+    assert_eq!((s1.stats().on_device, s1.stats().peer_maps), (0, 0));
+}
+
+fn descriptor(job: u64, piece: u64, offset: u64, len: u64, handle: Vec<u8>) -> Vec<u8> {
+    Control { kind: ControlKind::Describe, job, piece, offset, len, handle }.encode().to_vec()
+}
+
+fn protocol_detail(e: Error) -> String {
+    match e {
+        Error::Protocol { peer: 0, detail, ctx } if ctx.rank == 1 => detail,
+        other => panic!("expected a protocol error from rank 0 at rank 1, got {other}"),
+    }
+}
+
+#[test]
+fn corrupted_descriptors_are_protocol_errors_naming_the_peer() {
+    let owner = SimDevice::new("o");
+    let p = owner.alloc_device(64).unwrap();
+    let h = owner.export(p, 64).unwrap().handle;
+    // A real handle, and an offset past the end of its 64-byte allocation.
+    let e = protocol_detail(corrupt_with(&owner, descriptor(0, 0, 60, 16, h.clone())));
+    assert!(e.contains("outside its allocation of 64 bytes"), "{e}");
+    let e = protocol_detail(corrupt_with(&owner, descriptor(0, 0, u64::MAX - 4, 16, h.clone())));
+    assert!(e.contains("outside"), "{e}");
+    let e = protocol_detail(corrupt_with(&owner, descriptor(0, 0, 0, 8, h.clone())));
+    assert!(e.contains("8 bytes where this rank expects 16"), "{e}");
+    let e = protocol_detail(corrupt_with(&owner, descriptor(0, 1, 0, 16, h.clone())));
+    assert!(e.contains("expected piece 0"), "{e}");
+    let e = protocol_detail(corrupt_with(&owner, descriptor(3, 0, 0, 16, h.clone())));
+    assert!(e.contains("no such receive"), "{e}");
+    let e = protocol_detail(corrupt_with(&owner, descriptor(0, 0, 0, 16, vec![7; 32])));
+    assert!(e.contains("cannot open"), "{e}");
+    let mut bad = descriptor(0, 0, 0, 16, h.clone());
+    bad[6..8].copy_from_slice(&500u16.to_le_bytes());
+    assert!(protocol_detail(corrupt_with(&owner, bad)).contains("handle of 500 bytes"));
+    let e = protocol_detail(corrupt_with(&owner, vec![0xee; CONTROL_BYTES]));
+    assert!(e.contains("not a single-copy descriptor"), "{e}");
+    let ack = Control { kind: ControlKind::Ack, job: 0, piece: 0, offset: 0, len: 0, handle: vec![] };
+    assert!(protocol_detail(corrupt_with(&owner, ack.encode().to_vec())).contains("never posted"));
+    // A message of another size (a staging peer's data): the inner channel's size check.
+    let e = protocol_detail(corrupt_with(&owner, vec![0; 16]));
+    assert!(e.contains("frame of 16 bytes where this rank expects"), "{e}");
+}
+
+/// Rank 1 posts a receive of 16 bytes into its device; rank 0's raw host channel
+/// sends `msg` in place of a descriptor. Returns rank 1's error, after checking
+/// that nothing was written into rank 1's buffer. `_owner` keeps the exported
+/// allocation the descriptors name alive.
+fn corrupt_with(_owner: &SimDevice, msg: Vec<u8>) -> Error {
+    let s1 = Arc::new(SimDevice::new("victim"));
+    let d1: Arc<dyn Device> = s1.clone();
+    let dst = d1.alloc_device(16).unwrap();
+    let (mut c0, mut c1) = pair();
+    let mut b = PeerCopyChannel::new(&mut c1, d1.clone());
+    b.post_recv(region(dst, 16), None, None, &call(1, 4)).unwrap();
+    let mut wire = msg;
+    c0.post_send(MemRegion { ptr: wire.as_mut_ptr(), len: wire.len(), kind: MemKind::Host }, None, &call(0, 4))
+        .unwrap();
+    let e = drive(&mut c0, &mut b, &mut [], 4).unwrap_err();
+    drop(b);
+    let mut out = [0xaau8; 16];
+    s1.download(dst, &mut out).unwrap();
+    assert_eq!(out, [0u8; 16], "a refused descriptor writes nothing");
+    assert_eq!(s1.stats().on_device, 0);
+    e
+}
+
+/// Ends that disagree about the path (one stages, the other copies single-copy)
+/// fail with a size mismatch naming the peer, in either direction, and write
+/// nothing: never a hang, never a stray write.
+#[test]
+fn a_staging_end_and_a_single_copy_end_fail_cleanly() {
+    let n = 1000;
+    for staged_sends in [true, false] {
+        let (s0, s1) = (Arc::new(SimDevice::new("m0")), Arc::new(SimDevice::new("m1")));
+        let (d0, d1): (Arc<dyn Device>, Arc<dyn Device>) = (s0.clone(), s1.clone());
+        let (src, dst) = (d0.alloc_device(n * 4).unwrap(), d1.alloc_device(n * 4).unwrap());
+        s0.upload(src, &ints((0..n).map(|i| i as i32 + 1))).unwrap();
+        let (mut c0, mut c1) = pair();
+        let (mut a, mut b): (Box<dyn PeerChannel>, Box<dyn PeerChannel>) = if staged_sends {
+            (
+                Box::new(crate::executor::staged::StagedChannel::new(&mut c0, d0.clone())),
+                Box::new(PeerCopyChannel::new(&mut c1, d1.clone())),
+            )
+        } else {
+            (
+                Box::new(PeerCopyChannel::new(&mut c0, d0.clone())),
+                Box::new(crate::executor::staged::StagedChannel::new(&mut c1, d1.clone())),
+            )
+        };
+        a.post_send(region(src, n * 4), None, &call(0, n)).unwrap();
+        b.post_recv(region(dst, n * 4), None, None, &call(1, n)).unwrap();
+        let e = drive(a.as_mut(), b.as_mut(), &mut [], n).unwrap_err();
+        let detail = protocol_detail(e);
+        let want = if staged_sends {
+            format!("frame of {} bytes where this rank expects {CONTROL_BYTES}", n * 4)
+        } else {
+            format!("frame of {CONTROL_BYTES} bytes where this rank expects {}", n * 4)
+        };
+        assert!(detail.contains(&want), "{detail}");
+        drop((a, b));
+        let mut out = vec![0xffu8; n * 4];
+        s1.download(dst, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0), "nothing was written");
+    }
+}
