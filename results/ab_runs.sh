@@ -3,15 +3,18 @@
 # 4 KiB, 1 MiB and 64 MiB over shared memory and TCP. Each round runs A then B (B
 # then A on odd rounds) for every configuration; results/ab_summarize.py takes the
 # per-size medians. Usage: A=old/braid B=new/braid ROUNDS=5 OUT=/tmp/ab results/ab_runs.sh
+# PRIO="chrt -f 5" runs every rank at real-time priority (root), so other work on a
+# shared machine cannot push a rank off its core mid-iteration.
 set -u
 A=${A:?path of build A}
 B=${B:?path of build B}
 ROUNDS=${ROUNDS:-5}
+PRIO=${PRIO:-}
 OUT=${OUT:-/tmp/braid-ab}
 mkdir -p "$OUT"
 one() { # build label transport size iters round
   local bin=$1 label=$2 t=$3 s=$4 iters=$5 r=$6
-  "$bin" perf --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
+  $PRIO "$bin" perf --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
     --json "$OUT/$label-$t-$s-r$r.jsonl" > /dev/null 2>&1 || echo "FAILED $label $t $s round $r"
 }
 for r in $(seq 1 "$ROUNDS"); do

@@ -13,10 +13,11 @@ use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaModu
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
+use super::ipc::{self, OpenPeers};
 use super::kernels::{self, COMBINERS};
 use super::nvrtc;
 use super::pinned::{self, PinnedPool};
-use crate::device::{Device, DevicePtr, Ticket};
+use crate::device::{Device, DevicePtr, Export, Ticket, MAX_EXPORT_HANDLE};
 use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
 
@@ -46,6 +47,10 @@ pub struct CudaDevice {
     /// Freed device buffers by size class: the executor allocates the same few
     /// sizes every call, and cuMemAlloc/cuMemFree cost a device-wide synchronization.
     device_pool: Mutex<PinnedPool>,
+    /// Which devices may copy from this one's memory (see [`ipc::domain`]).
+    domain: Option<String>,
+    /// Peers' allocations mapped here.
+    peers: Mutex<OpenPeers>,
 }
 
 /// The reduction kernels loaded into one context.
@@ -122,7 +127,8 @@ impl CudaDevice {
         let model = guarded(&tag, "reading the device name", || ctx.name())?;
         let name = format!("{tag} ({model})");
         let kernels = kernels_for(&ctx, &name)?;
-        tracing::debug!(device = %name, "CUDA device ready");
+        let domain = ipc::domain(ctx.cu_device());
+        tracing::debug!(device = %name, ?domain, "CUDA device ready");
         Ok(Arc::new(CudaDevice {
             name,
             stream,
@@ -130,6 +136,8 @@ impl CudaDevice {
             tickets: Mutex::new(Tickets::default()),
             pool: Mutex::new(PinnedPool::default()),
             device_pool: Mutex::new(PinnedPool::default()),
+            domain,
+            peers: Mutex::new(OpenPeers::default()),
         }))
     }
 
@@ -230,6 +238,9 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        if self.bind("closing peers' memory").is_ok() && self.synchronize().is_ok() {
+            lock(&self.peers).close_all();
+        }
         let device_pooled = lock(&self.device_pool).drain();
         if !device_pooled.is_empty() && self.bind("freeing pooled device memory").is_ok() {
             for p in device_pooled {
@@ -261,6 +272,23 @@ impl Drop for CudaDevice {
 impl Device for CudaDevice {
     fn describe(&self) -> String {
         self.name.clone()
+    }
+
+    fn peer_domain(&self) -> Option<String> {
+        self.domain.clone()
+    }
+
+    fn export(&self, ptr: DevicePtr, len: usize) -> Result<Export> {
+        self.bind("exporting memory")?;
+        ipc::export(&self.name, ptr, len)
+    }
+
+    fn open_export(&self, handle: &[u8]) -> Result<(DevicePtr, usize)> {
+        if handle.len() > MAX_EXPORT_HANDLE {
+            return Err(Error::InvalidArgument(format!("{}: an export handle of {} bytes", self.name, handle.len())));
+        }
+        self.bind("opening a peer's memory")?;
+        lock(&self.peers).open(&self.name, handle)
     }
 
     fn alloc_device(&self, len: usize) -> Result<DevicePtr> {

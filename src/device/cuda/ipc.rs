@@ -1,0 +1,205 @@
+//! Device memory shared with peers on one GPU: CUDA IPC handles between
+//! processes, the plain address between ranks of one process.
+//!
+//! The peer domain is conservative: the host's boot id and the GPU's PCI bus id, so
+//! only ranks on the same GPU of the same host (several ranks on one GPU, as with
+//! MPS, or threads of one process) copy from each other's memory; ranks on
+//! different GPUs stage through host memory. A handle carries the exporting
+//! process's id, the allocation's base and size, and its `CUipcMemHandle`.
+//!
+//! Not run on a GPU yet (none was available to the work that wrote it): written to
+//! the driver API's documented behaviour, and checked here only for the handle
+//! decoding that a peer's bytes reach.
+
+use std::collections::{HashMap, VecDeque};
+
+use cudarc::driver::sys::{self, CUdevice, CUdeviceptr, CUipcMemHandle};
+
+use crate::device::{DevicePtr, Export};
+use crate::error::{Error, Result};
+
+const MAGIC: &[u8; 4] = b"BRDC";
+const VERSION: u8 = 1;
+/// magic, version, pid u32, base u64, size u64, the 64-byte IPC handle.
+pub const HANDLE_LEN: usize = 4 + 1 + 4 + 8 + 8 + 64;
+/// Peer allocations kept open at once; the oldest is closed beyond this.
+const MAX_OPEN: usize = 64;
+
+/// A decoded handle. Every field came from a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handle {
+    pub pid: u32,
+    pub base: u64,
+    pub size: u64,
+    pub ipc: [u8; 64],
+}
+
+impl Handle {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(HANDLE_LEN);
+        v.extend_from_slice(MAGIC);
+        v.push(VERSION);
+        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.base.to_le_bytes());
+        v.extend_from_slice(&self.size.to_le_bytes());
+        v.extend_from_slice(&self.ipc);
+        v
+    }
+
+    /// Decode bytes from a peer: exact length, magic and version, a non-empty
+    /// allocation that does not wrap the address space.
+    pub fn decode(b: &[u8]) -> std::result::Result<Handle, String> {
+        if b.len() != HANDLE_LEN {
+            return Err(format!("a CUDA export handle of {} bytes (expected {HANDLE_LEN})", b.len()));
+        }
+        if &b[..4] != MAGIC || b[4] != VERSION {
+            return Err("not a braid CUDA export handle (magic or version)".into());
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let h = Handle {
+            pid: u32::from_le_bytes(b[5..9].try_into().expect("4 bytes")),
+            base: u64_at(9),
+            size: u64_at(17),
+            ipc: b[25..89].try_into().expect("64 bytes"),
+        };
+        if h.size == 0 || h.base == 0 || h.base.checked_add(h.size).is_none() {
+            return Err(format!("a CUDA export of {} bytes at {:#x}", h.size, h.base));
+        }
+        Ok(h)
+    }
+}
+
+/// The peer domain of device `dev`: boot id and PCI bus id (None when either is
+/// unknown, so such a device never takes the single-copy path).
+pub fn domain(dev: CUdevice) -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let mut bus = [0 as std::ffi::c_char; 32];
+    // SAFETY: `bus` is a writable buffer of the length passed; the driver writes a
+    // NUL-terminated string into it.
+    let r = unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated string (the last byte
+    // is never written past the length given).
+    let bus = unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned();
+    Some(format!("cuda:{}:{bus}", boot.trim()))
+}
+
+/// The allocation holding `[ptr, ptr + len)`: base and size.
+fn address_range(ptr: CUdeviceptr) -> std::result::Result<(CUdeviceptr, usize), sys::CUresult> {
+    let (mut base, mut size): (CUdeviceptr, usize) = (0, 0);
+    // SAFETY: plain out-parameters; the driver only reads `ptr` as a number.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok((base, size))
+    } else {
+        Err(r)
+    }
+}
+
+/// Export `[ptr, ptr + len)` (the device's context is current on this thread).
+pub fn export(tag: &str, ptr: DevicePtr, len: usize) -> Result<Export> {
+    let (base, size) =
+        address_range(ptr).map_err(|r| Error::Device(format!("{tag}: finding the allocation at {ptr:#x}: {r:?}")))?;
+    let offset = (ptr - base) as usize;
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(Error::InvalidArgument(format!("{tag}: [{ptr:#x}, +{len}) is not inside one allocation")));
+    }
+    let mut ipc = CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: `ipc` is a valid out-parameter; `base` is the start of an allocation
+    // of this context (just looked up).
+    let r = unsafe { sys::cuIpcGetMemHandle(&mut ipc, base) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::Unsupported(format!("{tag}: this memory cannot be shared with peers ({r:?})")));
+    }
+    let h = Handle { pid: std::process::id(), base, size: size as u64, ipc: ipc.reserved.map(|c| c as u8) };
+    Ok(Export { handle: h.encode(), offset })
+}
+
+/// Peer allocations opened so far, by handle bytes.
+#[derive(Default)]
+pub struct OpenPeers {
+    open: HashMap<Vec<u8>, (DevicePtr, usize, bool)>,
+    order: VecDeque<Vec<u8>>,
+}
+
+impl OpenPeers {
+    /// Map the allocation `bytes` names (the device's context is current).
+    pub fn open(&mut self, tag: &str, bytes: &[u8]) -> Result<(DevicePtr, usize)> {
+        if let Some(&(p, size, _)) = self.open.get(bytes) {
+            return Ok((p, size));
+        }
+        let h = Handle::decode(bytes).map_err(|why| Error::InvalidArgument(format!("{tag}: {why}")))?;
+        let (ptr, size, opened) = if h.pid == std::process::id() {
+            // One process: the address is valid here (unified addressing), if it is
+            // still exactly that allocation; IPC cannot open our own handles.
+            match address_range(h.base) {
+                Ok((base, size)) if base == h.base && size as u64 == h.size => (base, size, false),
+                _ => return Err(Error::InvalidArgument(format!("{tag}: an export of memory no longer allocated"))),
+            }
+        } else {
+            let mut p: CUdeviceptr = 0;
+            let ipc = CUipcMemHandle { reserved: h.ipc.map(|b| b as std::ffi::c_char) };
+            let flags = sys::CUipcMem_flags_enum::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+            // SAFETY: `p` is a valid out-parameter; the driver validates the handle
+            // bytes (from a peer) and fails on anything it did not issue.
+            let r = unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, ipc, flags) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return Err(Error::Device(format!("{tag}: opening a peer's memory: {r:?}")));
+            }
+            // The size is the driver's, not the peer's word.
+            match address_range(p) {
+                Ok((base, size)) if base == p => (p, size, true),
+                _ => {
+                    // SAFETY: `p` was opened just above and is closed once.
+                    unsafe { sys::cuIpcCloseMemHandle(p) };
+                    return Err(Error::Device(format!("{tag}: a peer's memory mapped without a size")));
+                }
+            }
+        };
+        if self.order.len() >= MAX_OPEN {
+            if let Some(old) = self.order.pop_front() {
+                if let Some((p, _, true)) = self.open.remove(&old) {
+                    // SAFETY: opened by cuIpcOpenMemHandle and closed once; callers
+                    // synchronize before they stop using a mapping (the device's
+                    // free and end-of-call paths do).
+                    unsafe { sys::cuIpcCloseMemHandle(p) };
+                }
+            }
+        }
+        self.open.insert(bytes.to_vec(), (ptr, size, opened));
+        self.order.push_back(bytes.to_vec());
+        Ok((ptr, size))
+    }
+
+    /// Close every mapping (the device's context is current and its work done).
+    pub fn close_all(&mut self) {
+        for (_, (p, _, opened)) in self.open.drain() {
+            if opened {
+                // SAFETY: opened by cuIpcOpenMemHandle, closed once here.
+                unsafe { sys::cuIpcCloseMemHandle(p) };
+            }
+        }
+        self.order.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_round_trip_and_forged_ones_are_refused() {
+        let h = Handle { pid: 7, base: 0x7000_0000, size: 4096, ipc: [3; 64] };
+        assert_eq!(Handle::decode(&h.encode()), Ok(h));
+        let mut b = h.encode();
+        b[0] = b'X';
+        assert!(Handle::decode(&b).unwrap_err().contains("magic"));
+        assert!(Handle::decode(&h.encode()[..HANDLE_LEN - 1]).unwrap_err().contains("bytes"));
+        let wraps = Handle { base: u64::MAX - 10, ..h };
+        assert!(Handle::decode(&wraps.encode()).is_err());
+        let empty = Handle { size: 0, ..h };
+        assert!(Handle::decode(&empty.encode()).is_err());
+    }
+}
