@@ -189,13 +189,29 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
     }
 }
 
-/// The device path end to end across processes (shared memory between them): every
+/// The device path end to end across processes and across threads: every
 /// collective on simulated device buffers, checked element by element.
 #[test]
 fn perf_on_device_buffers_checks_every_collective() {
-    for op in ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all"] {
+    // Processes (shared memory, staged) and threads (devices bound, single copy).
+    for (op, transport) in ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all"]
+        .into_iter()
+        .flat_map(|op| [(op, "auto"), (op, "inproc")])
+    {
         let out = Command::new(BRAID)
-            .args(["perf", "--op", op, "--ranks", "3", "--device", "sim", "--min-bytes", "1K"])
+            .args([
+                "perf",
+                "--op",
+                op,
+                "--ranks",
+                "3",
+                "--device",
+                "sim",
+                "--transport",
+                transport,
+                "--min-bytes",
+                "1K",
+            ])
             .args(["--max-bytes", "3M", "--factor", "50", "--iters", "2", "--warmup", "1", "--check"])
             .args(["--dtype", "i32", "--out-of-place"])
             .output()

@@ -150,12 +150,26 @@ fn one_rank(args: PerfArgs, mut cfg: Config) -> i32 {
         cfg.transports = Some(vec![kind]);
     }
     let rank = cfg.rank;
-    let result = braid::CommunicatorBuilder::from_config(cfg).build().and_then(|comm| sweep(&comm, &args));
+    // The device is bound to the communicator (as NCCL binds one to a GPU), so
+    // ranks whose devices reach each other's memory copy from it directly.
+    let result = perf_device::open(args.device, rank).and_then(|device| {
+        let mut builder = braid::CommunicatorBuilder::from_config(cfg);
+        if let Some(d) = device {
+            builder = builder.device(d);
+        }
+        builder.build().and_then(|comm| sweep(&comm, &args))
+    });
     finish(rank, result)
 }
 
 fn threads(args: PerfArgs) -> i32 {
-    let comms = match Communicator::in_process(args.ranks) {
+    let devices: braid::Result<Vec<_>> = (0..args.ranks).map(|r| perf_device::open(args.device, r)).collect();
+    let comms = match devices.map(|d| d.into_iter().flatten().collect::<Vec<_>>()) {
+        Ok(d) if !d.is_empty() => Communicator::in_process_on(d),
+        Ok(_) => Communicator::in_process(args.ranks),
+        Err(e) => Err(e),
+    };
+    let comms = match comms {
         Ok(c) => c,
         Err(e) => {
             eprintln!("braid perf: {e}");
@@ -469,7 +483,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     let mut total_wrong = 0u64;
     let mut busbw_sum = 0.0;
     let mut sizes_done = 0;
-    let device = perf_device::open(a.device, rank)?;
+    let device = comm.device();
     if let Some(d) = &device {
         // Every rank's device, gathered so rank 0 can print them all.
         let mut mine = [0u8; 64];
