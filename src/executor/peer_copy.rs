@@ -549,10 +549,7 @@ impl PeerChannel for PeerCopyChannel<'_> {
         // First this device stops reading the peer's memory (and writing this
         // call's buffers), then the inner channel forgets the control slots, and
         // only then are they freed.
-        if let Err(e) = self.device.synchronize() {
-            tracing::error!("{}: synchronizing at the end of a call failed: {e}", self.device.describe());
-        }
-        self.inner.end_call();
+        super::staged::quiesce(self.device.as_ref(), self.inner);
         self.sends.clear();
         self.recvs.clear();
         self.slots.clear();

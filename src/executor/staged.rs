@@ -312,14 +312,21 @@ impl PeerChannel for StagedChannel<'_> {
         // Order matters: first the device stops touching the staging buffers, then
         // the inner channel revokes what its peer may read of them and forgets its
         // requests, and only then are they freed.
-        if let Err(e) = self.device.synchronize() {
-            tracing::error!("{}: synchronizing at the end of a call failed: {e}", self.device.describe());
-        }
-        self.inner.end_call();
+        quiesce(self.device.as_ref(), self.inner);
         self.sends.clear();
         self.recvs.clear();
         self.private.clear();
     }
+}
+
+/// The first half of ending a device call on a wrapped channel: wait for the
+/// device's work on this call's memory, then let the inner channel revoke what its
+/// peer may read and forget its requests. The wrapper frees its buffers after.
+pub(super) fn quiesce(device: &dyn Device, inner: &mut dyn PeerChannel) {
+    if let Err(e) = device.synchronize() {
+        tracing::error!("{}: synchronizing at the end of a call failed: {e}", device.describe());
+    }
+    inner.end_call();
 }
 
 impl Drop for StagedChannel<'_> {
