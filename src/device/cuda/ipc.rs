@@ -1,11 +1,13 @@
 //! Device memory shared with peers on one GPU: CUDA IPC handles between
 //! processes, the plain address between ranks of one process.
 //!
-//! The peer domain is conservative: the host's boot id and the GPU's PCI bus id, so
-//! only ranks on the same GPU of the same host (several ranks on one GPU, as with
-//! MPS, or threads of one process) copy from each other's memory; ranks on
-//! different GPUs stage through host memory. A handle carries the exporting
-//! process's id, the allocation's base and size, and its `CUipcMemHandle`.
+//! The peer domain is the host's boot id and the set of GPUs (by PCI bus id) that
+//! this GPU and each member reach both ways (`cuDeviceCanAccessPeer`): ranks on GPUs
+//! of one such set — or on one GPU, as with MPS — copy from each other's memory
+//! (NVLink or PCIe peer copies); others stage through host memory. Both ends must
+//! compute the same string, so an asymmetric topology only turns the path off. A
+//! handle carries the exporting process's id, the allocation's base and size, and
+//! its `CUipcMemHandle`.
 //!
 //! Not run on a GPU yet (none was available to the work that wrote it): written to
 //! the driver API's documented behaviour, and checked here only for the handle
@@ -69,10 +71,8 @@ impl Handle {
     }
 }
 
-/// The peer domain of device `dev`: boot id and PCI bus id (None when either is
-/// unknown, so such a device never takes the single-copy path).
-pub fn domain(dev: CUdevice) -> Option<String> {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+/// The PCI bus id of `dev`.
+fn bus_id(dev: CUdevice) -> Option<String> {
     let mut bus = [0 as std::ffi::c_char; 32];
     // SAFETY: `bus` is a writable buffer of the length passed; the driver writes a
     // NUL-terminated string into it.
@@ -80,10 +80,71 @@ pub fn domain(dev: CUdevice) -> Option<String> {
     if r != sys::CUresult::CUDA_SUCCESS {
         return None;
     }
-    // SAFETY: on success the buffer holds a NUL-terminated string (the last byte
-    // is never written past the length given).
-    let bus = unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned();
-    Some(format!("cuda:{}:{bus}", boot.trim()))
+    // SAFETY: on success the buffer holds a NUL-terminated string within its length.
+    Some(unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+/// Whether `a` and `b` can each access the other's memory.
+fn mutual_peers(a: CUdevice, b: CUdevice) -> bool {
+    let can = |x: CUdevice, y: CUdevice| {
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: `v` is a valid out-parameter; the devices are ordinals' handles.
+        let r = unsafe { sys::cuDeviceCanAccessPeer(&mut v, x, y) };
+        r == sys::CUresult::CUDA_SUCCESS && v != 0
+    };
+    can(a, b) && can(b, a)
+}
+
+/// The peer domain of device `dev` (None when anything is unknown, so such a
+/// device never takes the single-copy path).
+pub fn domain(dev: CUdevice) -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let mut count: std::ffi::c_int = 0;
+    // SAFETY: a valid out-parameter.
+    if unsafe { sys::cuDeviceGetCount(&mut count) } != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let mut members = vec![bus_id(dev)?];
+    for ordinal in 0..count {
+        let mut other: CUdevice = 0;
+        // SAFETY: a valid out-parameter and an ordinal below the device count.
+        if unsafe { sys::cuDeviceGet(&mut other, ordinal) } != sys::CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        if other != dev && mutual_peers(dev, other) {
+            members.push(bus_id(other)?);
+        }
+    }
+    members.sort();
+    Some(format!("cuda:{}:{}", boot.trim(), members.join(",")))
+}
+
+/// Let the current context access memory of the context owning `ptr` (another GPU
+/// of this process); a no-op when it is the current one or access is on already.
+fn enable_peer_access(tag: &str, ptr: CUdeviceptr) -> Result<()> {
+    let mut owner: sys::CUcontext = std::ptr::null_mut();
+    let mut current: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-parameters; the attribute of a context is a CUcontext.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut owner as *mut sys::CUcontext).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+            ptr,
+        )
+    };
+    // SAFETY: a valid out-parameter.
+    let c = unsafe { sys::cuCtxGetCurrent(&mut current) };
+    if r != sys::CUresult::CUDA_SUCCESS || c != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::Device(format!("{tag}: finding the context of a peer's memory: {r:?} {c:?}")));
+    }
+    if owner.is_null() || owner == current {
+        return Ok(());
+    }
+    // SAFETY: `owner` is a live context of this process (it owns a live allocation).
+    match unsafe { sys::cuCtxEnablePeerAccess(owner, 0) } {
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        r => Err(Error::Device(format!("{tag}: enabling peer access to another GPU: {r:?}"))),
+    }
 }
 
 /// The allocation holding `[ptr, ptr + len)`: base and size.
@@ -135,7 +196,10 @@ impl OpenPeers {
             // One process: the address is valid here (unified addressing), if it is
             // still exactly that allocation; IPC cannot open our own handles.
             match address_range(h.base) {
-                Ok((base, size)) if base == h.base && size as u64 == h.size => (base, size, false),
+                Ok((base, size)) if base == h.base && size as u64 == h.size => {
+                    enable_peer_access(tag, base)?;
+                    (base, size, false)
+                }
                 _ => return Err(Error::InvalidArgument(format!("{tag}: an export of memory no longer allocated"))),
             }
         } else {
