@@ -5,13 +5,15 @@
 //! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK` | who this process is |
 //! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT` or `file:///PATH` |
 //! | `BRAID_ALGO` | force an algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto` |
-//! | `BRAID_TRANSPORTS` | comma list restricting transports (`shm`, `tcp`; `cuda`, `rdma` refused with the reason) |
+//! | `BRAID_TRANSPORTS` | comma list restricting transports (`shm`, `rdma`, `tcp`; one that cannot run here is dropped, saying why at debug level) |
 //! | `BRAID_SOCKET_IFNAME` | interfaces for TCP, NCCL syntax: `eth`, `^docker`, `=eth0` |
 //! | `BRAID_TIMEOUT` | deadline of every wait: `30`, `500ms`, `5m` (default 60 s) |
 //! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |
 //! | `BRAID_JOB_KEY` | shared secret every TCP link and TCP store connection proves (challenge-response; never sent); `braid run` generates one |
 //! | `BRAID_RENDEZVOUS_BYTES` | single-copy threshold between ranks of a host (read by the executor) |
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 512K) |
+//! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
+//! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
 //! When `BRAID_RANK` is absent, launchers are recognised: torchrun (`RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
@@ -51,6 +53,10 @@ pub struct Config {
     pub job_key: crate::auth::JobKey,
     /// Ring bytes per direction of shared-memory links, None for the default.
     pub shm_ring_bytes: Option<usize>,
+    /// RDMA device name and port to use (`BRAID_IB_HCA`), None for the first device, port 1.
+    pub ib_hca: Option<(String, u8)>,
+    /// GID index for RoCE (`BRAID_IB_GID_INDEX`).
+    pub ib_gid_index: u8,
     /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `code`).
     pub launcher: &'static str,
 }
@@ -70,6 +76,8 @@ impl Config {
             debug: None,
             job_key: crate::auth::JobKey::none(),
             shm_ring_bytes: None,
+            ib_hca: None,
+            ib_gid_index: 0,
             launcher: "code",
         }
     }
@@ -139,6 +147,15 @@ impl Config {
             }
         }
         cfg.socket_ifname = get("BRAID_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        if let Some(spec) = get("BRAID_IB_HCA").filter(|s| !s.is_empty()) {
+            cfg.ib_hca = Some(parse_hca(&spec)?);
+        }
+        if let Some(g) = get("BRAID_IB_GID_INDEX").filter(|s| !s.is_empty()) {
+            cfg.ib_gid_index = g
+                .trim()
+                .parse()
+                .map_err(|_| Error::Config(format!("BRAID_IB_GID_INDEX: `{g}` is not a GID index (0-255)")))?;
+        }
         if let Some(t) = get("BRAID_SHM_RING_BYTES") {
             let n = parse_size(&t).map_err(|e| Error::Config(format!("BRAID_SHM_RING_BYTES: {e}")))?;
             if !(4096..=1 << 30).contains(&n) || n % 4096 != 0 {
@@ -193,6 +210,18 @@ pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
         .ok()
         .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| format!("`{text}` is not a size (try 4096, 1K, 16M, 1G)"))
+}
+
+/// `name` or `name:port` (port 1-255; default 1).
+fn parse_hca(spec: &str) -> Result<(String, u8)> {
+    let bad = || Error::Config(format!("BRAID_IB_HCA: `{spec}` is not `name` or `name:port` (port 1-255)"));
+    match spec.split_once(':') {
+        Some((n, p)) => match p.parse::<u8>() {
+            Ok(port) if port > 0 && !n.is_empty() => Ok((n.to_string(), port)),
+            _ => Err(bad()),
+        },
+        None => Ok((spec.to_string(), 1)),
+    }
 }
 
 #[cfg(test)]
@@ -263,5 +292,21 @@ mod tests {
         assert!(cfg(&[("BRAID_RANK", "4"), ("BRAID_WORLD_SIZE", "4")]).unwrap_err().to_string().contains("below"));
         assert!(cfg(&[("BRAID_RANK", "x"), ("BRAID_WORLD_SIZE", "4")]).is_err());
         assert!(cfg(&[("BRAID_RANK", "0"), ("BRAID_WORLD_SIZE", "1"), ("BRAID_ALGO", "magic")]).is_err());
+    }
+
+    #[test]
+    fn rdma_device_variables_parse_or_say_why() {
+        let base = [("BRAID_RANK", "0"), ("BRAID_WORLD_SIZE", "1")];
+        let with = |k: &'static str, v: &'static str| cfg(&[base[0], base[1], (k, v)]);
+        assert_eq!(with("BRAID_IB_HCA", "mlx5_1").unwrap().ib_hca, Some(("mlx5_1".into(), 1)));
+        assert_eq!(with("BRAID_IB_HCA", "mlx5_0:2").unwrap().ib_hca, Some(("mlx5_0".into(), 2)));
+        assert_eq!(with("BRAID_IB_GID_INDEX", "3").unwrap().ib_gid_index, 3);
+        assert_eq!(cfg(&base).unwrap().ib_hca, None);
+        for bad in ["mlx5_0:x", "mlx5_0:0", ":1", "mlx5_0:300"] {
+            let e = with("BRAID_IB_HCA", bad).unwrap_err().to_string();
+            assert!(e.contains("BRAID_IB_HCA") && e.contains(bad), "{bad}: {e}");
+        }
+        let e = with("BRAID_IB_GID_INDEX", "-1").unwrap_err().to_string();
+        assert!(e.contains("BRAID_IB_GID_INDEX"), "{e}");
     }
 }

@@ -63,17 +63,8 @@ impl Drop for Device {
     }
 }
 
-/// `BRAID_IB_HCA`: `name` or `name:port` of the device to use (default: the first, port 1).
-fn wanted_hca() -> Option<(String, u8)> {
-    let spec = std::env::var("BRAID_IB_HCA").ok().filter(|s| !s.is_empty())?;
-    match spec.split_once(':') {
-        Some((n, p)) => Some((n.to_string(), p.parse().unwrap_or(1))),
-        None => Some((spec, 1)),
-    }
-}
-
 /// Open the first device (or the one `BRAID_IB_HCA` names) and its port.
-pub(crate) fn open_device(rank: usize) -> Result<Arc<Device>> {
+pub(crate) fn open_device(rank: usize, cfg: &crate::config::Config) -> Result<Arc<Device>> {
     let mut n: std::os::raw::c_int = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed below, after the one
     // device used has been opened (an open device stays valid after the free).
@@ -84,7 +75,7 @@ pub(crate) fn open_device(rank: usize) -> Result<Arc<Device>> {
             io::Error::last_os_error()
         )));
     }
-    let want = wanted_hca();
+    let want = cfg.ib_hca.clone();
     let mut chosen = None;
     for i in 0..n.max(0) as usize {
         // SAFETY: the list holds `n` valid device pointers.
@@ -136,7 +127,7 @@ pub(crate) fn open_device(rank: usize) -> Result<Arc<Device>> {
     dev.lid = attr.lid;
     dev.mtu = attr.active_mtu.clamp(1, 5) as u8;
     dev.roce = attr.link_layer == LINK_LAYER_ETHERNET;
-    dev.gid_index = std::env::var("BRAID_IB_GID_INDEX").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    dev.gid_index = cfg.ib_gid_index;
     // SAFETY: zeroes are a valid ibv_gid (16 bytes).
     let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
     // SAFETY: a live context and a valid out-pointer.
@@ -493,7 +484,7 @@ fn reg_err(rank: usize, peer: usize, what: &str) -> Error {
 pub fn connect(req: &ConnectRequest) -> Result<Vec<Option<RdmaChannel<VerbsNic>>>> {
     let (rank, world) = (req.rank, req.world);
     let spec = RingSpec::DEFAULT;
-    let dev = open_device(rank)?;
+    let dev = open_device(rank, req.config)?;
     tracing::debug!(rank, device = dev.name, port = dev.port, roce = dev.roce, "rdma device opened");
     let mut pending: Vec<Pending> = Vec::new();
     let mut entries = vec![None; world];
