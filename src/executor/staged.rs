@@ -39,6 +39,11 @@ pub struct StagedChannel<'a> {
     private: Vec<usize>,
     sends: Vec<SendJob>,
     recvs: Vec<RecvJob>,
+    /// Staging buffers of finished rounds, reused by later ones. They are freed
+    /// only after the call, when the inner channel has revoked what its peer was
+    /// allowed to read of them (a peer on a single-copy link reads staging buffers
+    /// in place).
+    spare: Vec<HostBuffer>,
 }
 
 /// A device region on its way out.
@@ -89,7 +94,7 @@ fn piece_count(len: usize) -> usize {
 impl<'a> StagedChannel<'a> {
     /// Wrap `inner` for one call on buffers of `device`.
     pub fn new(inner: &'a mut dyn PeerChannel, device: Arc<dyn Device>) -> StagedChannel<'a> {
-        StagedChannel { inner, device, private: Vec::new(), sends: Vec::new(), recvs: Vec::new() }
+        StagedChannel { inner, device, private: Vec::new(), sends: Vec::new(), recvs: Vec::new(), spare: Vec::new() }
     }
 
     fn device_region(&self, r: &MemRegion, what: &str, call: &CallInfo) -> Result<DevicePtr> {
@@ -104,12 +109,23 @@ impl<'a> StagedChannel<'a> {
         Ok(r.ptr as usize as DevicePtr)
     }
 
-    /// Forget the jobs of earlier rounds once the inner channel is done with them.
+    /// Forget the jobs of earlier rounds once the inner channel is done with them,
+    /// keeping their staging buffers for reuse.
     fn retire(&mut self) {
         if !self.inner.busy() && self.sends.iter().all(SendJob::done) && self.recvs.iter().all(RecvJob::done) {
-            self.sends.clear();
-            self.recvs.clear();
+            self.spare.extend(self.sends.drain(..).map(|j| j.stage));
+            self.spare.extend(self.recvs.drain(..).map(|j| j.stage));
             self.private.clear();
+        }
+    }
+
+    /// A staging buffer of at least `len` bytes: the smallest spare one that fits,
+    /// or a new one.
+    fn stage(&mut self, len: usize) -> Result<HostBuffer> {
+        let best = (0..self.spare.len()).filter(|&i| self.spare[i].len() >= len).min_by_key(|&i| self.spare[i].len());
+        match best {
+            Some(i) => Ok(self.spare.swap_remove(i)),
+            None => HostBuffer::new(&self.device, len),
         }
     }
 
@@ -216,7 +232,7 @@ impl PeerChannel for StagedChannel<'_> {
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()> {
         let dptr = self.device_region(&src, "a send", call)?;
         self.retire();
-        let stage = HostBuffer::new(&self.device, src.len)?;
+        let stage = self.stage(src.len)?;
         let private_first = self.private.len();
         self.private.extend(pieces(src.len).map(|_| 0));
         let host = MemRegion { ptr: stage.ptr(), len: src.len, kind: MemKind::Host };
@@ -246,7 +262,7 @@ impl PeerChannel for StagedChannel<'_> {
             None => None,
         };
         self.retire();
-        let stage = HostBuffer::new(&self.device, dst.len)?;
+        let stage = self.stage(dst.len)?;
         let incoming = if reduce.is_some() { Some(DeviceBuffer::new(&self.device, dst.len)?) } else { None };
         let private_first = self.private.len();
         let host = MemRegion { ptr: stage.ptr(), len: dst.len, kind: MemKind::Host };
@@ -315,6 +331,7 @@ impl PeerChannel for StagedChannel<'_> {
         quiesce(self.device.as_ref(), self.inner);
         self.sends.clear();
         self.recvs.clear();
+        self.spare.clear();
         self.private.clear();
     }
 }
