@@ -12,6 +12,7 @@
 //! | `BRAID_JOB_KEY` | shared secret every TCP link and TCP store connection proves (challenge-response; never sent); `braid run` generates one |
 //! | `BRAID_RENDEZVOUS_BYTES` | single-copy threshold between ranks of a host (read by the executor) |
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 512K) |
+//! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core`, `none` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
@@ -57,6 +58,8 @@ pub struct Config {
     pub ib_hca: Option<(String, u8)>,
     /// GID index for RoCE (`BRAID_IB_GID_INDEX`).
     pub ib_gid_index: u8,
+    /// Whether local ranks are bound to cores (`BRAID_BIND`; see [`crate::placement`]).
+    pub bind: crate::placement::BindPolicy,
     /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `code`).
     pub launcher: &'static str,
 }
@@ -78,6 +81,7 @@ impl Config {
             shm_ring_bytes: None,
             ib_hca: None,
             ib_gid_index: 0,
+            bind: crate::placement::BindPolicy::Auto,
             launcher: "code",
         }
     }
@@ -147,6 +151,9 @@ impl Config {
             }
         }
         cfg.socket_ifname = get("BRAID_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        if let Some(b) = get("BRAID_BIND") {
+            cfg.bind = b.parse().map_err(|e| Error::Config(format!("BRAID_BIND: {e}")))?;
+        }
         if let Some(spec) = get("BRAID_IB_HCA").filter(|s| !s.is_empty()) {
             cfg.ib_hca = Some(parse_hca(&spec)?);
         }

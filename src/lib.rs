@@ -46,6 +46,7 @@ pub mod device;
 pub mod error;
 pub mod executor;
 pub mod frame;
+pub mod placement;
 pub mod reduce;
 pub mod registered;
 pub mod topology;

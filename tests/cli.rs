@@ -290,7 +290,9 @@ fn perf_checks_every_collective_over_shared_memory_for_world_sizes_1_to_8() {
             // Every peer of every rank is reached through shared memory.
             for r in 0..ranks {
                 let line = text.lines().find(|l| l.starts_with(&format!("# rank {r}: "))).unwrap();
-                assert!(ranks == 1 || line.split(' ').skip(3).all(|p| p.ends_with("=shm")), "{line}");
+                let (links, cpus) = line.split_once("   cpus ").expect("each rank's CPUs are listed");
+                assert!(ranks == 1 || links.split(' ').skip(3).all(|p| p.ends_with("=shm")), "{line}");
+                assert!(cpus.chars().all(|c| c.is_ascii_digit() || c == '-' || c == ','), "{line}");
             }
         }
     }

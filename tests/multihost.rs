@@ -332,7 +332,8 @@ fn assert_passed(op: &str, outs: &[RankOutput]) {
     assert!(text.lines().any(|l| l.starts_with("  ")), "{op}: no result rows\n{}", describe(outs));
 }
 
-/// The perf header lists, per rank, the transport to each peer: `# rank R: 0=shm 1=tcp ...`
+/// The perf header lists, per rank, the transport to each peer and its CPUs:
+/// `# rank R: 0=shm 1=tcp ...   cpus C`
 /// (self omitted). Peers on the same host must use shared memory, the others TCP.
 /// The lines are looked for in every rank's stdout (rank 0 may print them for everyone).
 fn assert_shm_within_hosts_tcp_across(outs: &[RankOutput]) {
@@ -341,6 +342,8 @@ fn assert_shm_within_hosts_tcp_across(outs: &[RankOutput]) {
         let Some(rest) = line.strip_prefix("# rank ") else { continue };
         let Some((r, peers)) = rest.split_once(':') else { continue };
         let Ok(r) = r.trim().parse::<usize>() else { continue };
+        // The line ends with the rank's CPUs: `# rank 0: 1=shm 2=tcp   cpus 0-1`.
+        let peers = peers.split_once("   cpus ").map_or(peers, |(links, _)| links);
         let peers = peers
             .split_whitespace()
             .map(|t| {

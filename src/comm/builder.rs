@@ -76,6 +76,12 @@ impl CommunicatorBuilder {
         self.config.timeout = t;
         self
     }
+    /// Bind this rank to a core (see [`crate::placement`]); the default is
+    /// [`BindPolicy::Auto`](crate::placement::BindPolicy::Auto).
+    pub fn bind(mut self, policy: crate::placement::BindPolicy) -> Self {
+        self.config.bind = policy;
+        self
+    }
     /// Force an algorithm (None for automatic choice).
     pub fn algorithm(mut self, a: Option<Algorithm>) -> Self {
         self.config.algorithm = a;
@@ -289,6 +295,10 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     // Which peers share this host is probed, not guessed; each peer then gets
     // the first allowed transport that can reach it (shared memory, RDMA, TCP).
     let topo = topology::discover(cfg.rank, cfg.world_size, &scoped, "topo", cfg.timeout)?;
+    // Bound before any link exists, so every buffer and ring this rank touches
+    // first is allocated on its core's memory node.
+    let launched = cfg.launcher != "code";
+    crate::placement::apply(cfg.bind, launched, cfg.rank, topo.local_rank, topo.local_size);
     let kinds = topology::choose_transports(&topo, cfg.rank, cfg.transports.as_deref())?;
     let rdma_here = TransportKind::Rdma.available().is_ok();
     let kinds = agree_on_rdma(&scoped, &cfg, &topo, kinds, rdma_here)?;

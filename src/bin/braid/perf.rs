@@ -445,6 +445,15 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     let codes: Vec<u8> = comm.transports().iter().map(|t| t.map_or(0, |k| k as u8 + 1)).collect();
     let mut all_codes = vec![0u8; n * n];
     comm.all_gather(&codes, &mut all_codes)?;
+    // And the CPUs each rank may run on (after placement).
+    let mut cpus = [0u8; 32];
+    let aff = braid::placement::describe_affinity();
+    let len = aff.len().min(cpus.len());
+    cpus[..len].copy_from_slice(&aff.as_bytes()[..len]);
+    let mut all_cpus = vec![0u8; 32 * n];
+    comm.all_gather(&cpus, &mut all_cpus)?;
+    let cpus_of =
+        |r: usize| String::from_utf8_lossy(&all_cpus[r * 32..(r + 1) * 32]).trim_end_matches('\0').to_string();
     let mut json = match (&a.json, rank) {
         (Some(path), 0) => Some(
             std::fs::OpenOptions::new()
@@ -472,7 +481,8 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         for r in 0..n {
             let peers: Vec<String> =
                 (0..n).filter(|&p| p != r).map(|p| format!("{p}={}", transport_label(all_codes[r * n + p]))).collect();
-            println!("# rank {r}: {}", if peers.is_empty() { "(alone)".into() } else { peers.join(" ") });
+            let links = if peers.is_empty() { "(alone)".into() } else { peers.join(" ") };
+            println!("# rank {r}: {links}   cpus {}", cpus_of(r));
         }
         println!("#");
         println!(
