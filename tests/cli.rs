@@ -224,6 +224,31 @@ fn perf_on_device_buffers_checks_every_collective() {
     }
 }
 
+/// nccl-tests' short flags (`-b -e -f -n -w -c -o -d -r`) mean what they mean there.
+#[test]
+fn perf_takes_nccl_tests_short_flags() {
+    let out = Command::new(BRAID)
+        .args(["perf", "--op", "reduce", "--ranks", "2", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "-w", "1"])
+        .args(["-c", "1", "-o", "max", "-d", "int32", "-r", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("# Out of bounds values : 0 OK"), "-c 1 checks: {text}");
+    let rows: Vec<Vec<&str>> =
+        text.lines().filter(|l| l.starts_with("  ")).map(|l| l.split_whitespace().collect()).collect();
+    let sizes: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(sizes, ["1024", "4096"], "-b 1K -e 4K -f 4: {text}");
+    for r in &rows {
+        assert_eq!((r[2], r[3], r[4]), ("i32", "max", "1"), "-d int32 -o max -r 1: {text}");
+    }
+    let off = Command::new(BRAID)
+        .args(["perf", "--ranks", "2", "-b", "4K", "-e", "4K", "-n", "2", "-c", "0"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&off.stdout).contains("not checked"), "-c 0 does not check");
+}
+
 #[test]
 fn perf_without_check_says_nothing_was_checked() {
     let out = Command::new(BRAID)

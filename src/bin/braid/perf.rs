@@ -15,7 +15,8 @@ use half::{bf16, f16};
 use crate::launch::{launch, Launch};
 use crate::perf_device::{self, DeviceBufs, DeviceChoice};
 
-/// Arguments of `braid perf`.
+/// Arguments of `braid perf`. The short flags are nccl-tests' (`-b -e -f -n -w -c -o
+/// -d -r`), so its command lines port as they are.
 #[derive(Args, Debug, Clone)]
 pub struct PerfArgs {
     /// Collective to measure.
@@ -25,28 +26,28 @@ pub struct PerfArgs {
     #[arg(long, default_value_t = 2)]
     pub ranks: usize,
     /// Smallest size (bytes; K/M/G suffixes are powers of 1024).
-    #[arg(long, default_value = "1K", value_parser = parse_size)]
+    #[arg(short = 'b', long, default_value = "1K", value_parser = parse_size)]
     pub min_bytes: usize,
     /// Largest size.
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    #[arg(short = 'e', long, default_value = "64M", value_parser = parse_size)]
     pub max_bytes: usize,
     /// Multiply the size by this factor between steps.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(short = 'f', long, default_value_t = 2.0)]
     pub factor: f64,
     /// Timed iterations per size (default: 200 up to 64 KiB, 50 up to 1 MiB, 20 above).
-    #[arg(long)]
+    #[arg(short = 'n', long)]
     pub iters: Option<usize>,
     /// Untimed warm-up iterations per size.
-    #[arg(long, default_value_t = 5)]
+    #[arg(short = 'w', long, default_value_t = 5)]
     pub warmup: usize,
-    /// Element type.
-    #[arg(long, default_value = "f32")]
+    /// Element type (also nccl-tests' names: float, half, bfloat16, double, int8, ...).
+    #[arg(short = 'd', long, default_value = "f32")]
     pub dtype: DType,
     /// Reduction operator.
-    #[arg(long = "reduce-op", default_value = "sum")]
+    #[arg(short = 'o', long = "reduce-op", default_value = "sum")]
     pub reduce_op: ReduceOp,
     /// Root of broadcast and reduce.
-    #[arg(long, default_value_t = 0)]
+    #[arg(short = 'r', long, default_value_t = 0)]
     pub root: usize,
     /// Algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto`.
     #[arg(long, default_value = "auto")]
@@ -68,12 +69,22 @@ pub struct PerfArgs {
     /// peers on the host read them without a system call.
     #[arg(long)]
     pub registered: bool,
-    /// Compare every element of the result; exit non-zero if any is wrong.
-    #[arg(long)]
+    /// Compare every element of the result; exit non-zero if any is wrong. `-c 1`
+    /// or `-c 0` as in nccl-tests; `--check` alone means 1.
+    #[arg(short = 'c', long, num_args = 0..=1, default_value = "0", default_missing_value = "1", value_parser = parse_switch)]
     pub check: bool,
     /// Append one JSON object per size to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+}
+
+/// `0`/`1` (nccl-tests) or `false`/`true`.
+fn parse_switch(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "true" => Ok(true),
+        "0" | "false" => Ok(false),
+        other => Err(format!("`{other}` is not 0 or 1")),
+    }
 }
 
 fn parse_op(s: &str) -> Result<OpKind, String> {
