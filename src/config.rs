@@ -10,7 +10,11 @@
 //! | `BRAID_TIMEOUT` | deadline of every wait: `30`, `500ms`, `5m` (default 60 s) |
 //! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |
 //! | `BRAID_JOB_KEY` | shared secret every TCP link and TCP store connection proves (challenge-response; never sent); `braid run` generates one |
-//! | `BRAID_RENDEZVOUS_BYTES` | single-copy threshold between ranks of a host (read by the executor) |
+//! | `BRAID_RENDEZVOUS_BYTES` | transfers at least this long go single-copy between ranks of a host (default 128K) |
+//! | `BRAID_CMA` | `1`: plain buffers between processes of a host go single-copy through `process_vm_readv` |
+//! | `BRAID_FORWARD_GRAIN` | smallest piece of a forward written on memory links while its reduction goes on (default 16K) |
+//! | `BRAID_FORWARD_PASS_BYTES` | bytes of a forwarded segment reduced per pass before its forward gets a turn (default 256K) |
+//! | `BRAID_PEER_CHUNK` | single-copy reductions read the peer's data in chunks of this size (default 1M) |
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 512K) |
 //! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core`, `none` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
@@ -60,6 +64,8 @@ pub struct Config {
     pub ib_gid_index: u8,
     /// Whether local ranks are bound to cores (`BRAID_BIND`; see [`crate::placement`]).
     pub bind: crate::placement::BindPolicy,
+    /// Thresholds and grain sizes of the byte-stream channels.
+    pub tuning: Tuning,
     /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `code`).
     pub launcher: &'static str,
 }
@@ -82,6 +88,7 @@ impl Config {
             ib_hca: None,
             ib_gid_index: 0,
             bind: crate::placement::BindPolicy::Auto,
+            tuning: Tuning::default(),
             launcher: "code",
         }
     }
@@ -151,6 +158,7 @@ impl Config {
             }
         }
         cfg.socket_ifname = get("BRAID_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        cfg.tuning = Tuning::from_lookup(&get)?;
         if let Some(b) = get("BRAID_BIND") {
             cfg.bind = b.parse().map_err(|e| Error::Config(format!("BRAID_BIND: {e}")))?;
         }
@@ -217,6 +225,66 @@ pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
         .ok()
         .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| format!("`{text}` is not a size (try 4096, 1K, 16M, 1G)"))
+}
+
+/// Thresholds and grain sizes of the byte-stream channels, measured on one machine
+/// and settable per communicator (environment or [`Config::tuning`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Transfers at least this long go single-copy on links that can read peer memory.
+    pub rendezvous_bytes: usize,
+    /// Plain (unregistered) buffers between processes go single-copy through
+    /// `process_vm_readv` (off by default: the shared ring measured faster).
+    pub cma: bool,
+    /// Smallest piece of a forward written on memory links while its reduction goes on.
+    pub forward_grain: usize,
+    /// Bytes of a forwarded segment reduced per pass before its forward gets a turn.
+    pub forward_pass_bytes: usize,
+    /// Single-copy reductions read the peer's data in chunks of this size.
+    pub peer_chunk: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning {
+            rendezvous_bytes: crate::executor::stream::RENDEZVOUS_BYTES,
+            cma: false,
+            forward_grain: crate::executor::stream::FORWARD_GRAIN,
+            forward_pass_bytes: crate::executor::stream::FORWARD_PASS_BYTES,
+            peer_chunk: crate::executor::stream::PEER_CHUNK,
+        }
+    }
+}
+
+impl Tuning {
+    /// The defaults, overridden by `BRAID_RENDEZVOUS_BYTES`, `BRAID_CMA`,
+    /// `BRAID_FORWARD_GRAIN`, `BRAID_FORWARD_PASS_BYTES` and `BRAID_PEER_CHUNK`;
+    /// a malformed value is an error naming the variable.
+    pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Tuning> {
+        let mut t = Tuning::default();
+        let size = |key: &str, min: usize, slot: &mut usize| -> Result<()> {
+            if let Some(v) = get(key).filter(|v| !v.trim().is_empty()) {
+                let n = parse_size(&v).map_err(|e| Error::Config(format!("{key}: {e}")))?;
+                if n < min || n > 1 << 30 {
+                    return Err(Error::Config(format!("{key}: {n} is outside {min}..=1G")));
+                }
+                *slot = n;
+            }
+            Ok(())
+        };
+        size("BRAID_RENDEZVOUS_BYTES", 0, &mut t.rendezvous_bytes)?;
+        size("BRAID_FORWARD_GRAIN", 1, &mut t.forward_grain)?;
+        size("BRAID_FORWARD_PASS_BYTES", 4096, &mut t.forward_pass_bytes)?;
+        size("BRAID_PEER_CHUNK", 4096, &mut t.peer_chunk)?;
+        if let Some(v) = get("BRAID_CMA") {
+            t.cma = match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" | "" => false,
+                other => return Err(Error::Config(format!("BRAID_CMA: `{other}` is not 0 or 1"))),
+            };
+        }
+        Ok(t)
+    }
 }
 
 /// `name` or `name:port` (port 1-255; default 1).
@@ -299,6 +367,40 @@ mod tests {
         assert!(cfg(&[("BRAID_RANK", "4"), ("BRAID_WORLD_SIZE", "4")]).unwrap_err().to_string().contains("below"));
         assert!(cfg(&[("BRAID_RANK", "x"), ("BRAID_WORLD_SIZE", "4")]).is_err());
         assert!(cfg(&[("BRAID_RANK", "0"), ("BRAID_WORLD_SIZE", "1"), ("BRAID_ALGO", "magic")]).is_err());
+    }
+
+    #[test]
+    fn tuning_comes_from_the_environment_or_says_which_variable_is_wrong() {
+        let base = [("BRAID_RANK", "0"), ("BRAID_WORLD_SIZE", "1")];
+        assert_eq!(cfg(&base).unwrap().tuning, Tuning::default());
+        let t = cfg(&[
+            base[0],
+            base[1],
+            ("BRAID_RENDEZVOUS_BYTES", "1M"),
+            ("BRAID_CMA", "1"),
+            ("BRAID_FORWARD_GRAIN", "4K"),
+            ("BRAID_FORWARD_PASS_BYTES", "64K"),
+            ("BRAID_PEER_CHUNK", "256K"),
+        ])
+        .unwrap()
+        .tuning;
+        let want = Tuning {
+            rendezvous_bytes: 1 << 20,
+            cma: true,
+            forward_grain: 4096,
+            forward_pass_bytes: 65536,
+            peer_chunk: 262144,
+        };
+        assert_eq!(t, want);
+        for (k, v) in [
+            ("BRAID_RENDEZVOUS_BYTES", "lots"),
+            ("BRAID_CMA", "maybe"),
+            ("BRAID_FORWARD_GRAIN", "0"),
+            ("BRAID_PEER_CHUNK", "2G"),
+        ] {
+            let e = cfg(&[base[0], base[1], (k, v)]).unwrap_err().to_string();
+            assert!(e.contains(k), "{k}={v}: {e}");
+        }
     }
 
     #[test]

@@ -76,6 +76,12 @@ impl CommunicatorBuilder {
         self.config.timeout = t;
         self
     }
+    /// Thresholds and grains of the byte-stream channels (single-copy threshold,
+    /// CMA, forward grain and pass, peer chunk); defaults as measured.
+    pub fn tuning(mut self, tuning: crate::config::Tuning) -> Self {
+        self.config.tuning = tuning;
+        self
+    }
     /// Bind this rank to a core (see [`crate::placement`]); the default is
     /// [`BindPolicy::Auto`](crate::placement::BindPolicy::Auto).
     pub fn bind(mut self, policy: crate::placement::BindPolicy) -> Self {

@@ -164,8 +164,10 @@ impl Communicator {
         cfg: &Config,
         wait: WaitPolicy,
     ) -> Communicator {
-        let channels =
-            links.into_iter().map(|l| l.map(|l| Box::new(StreamChannel::new(l)) as Box<dyn PeerChannel>)).collect();
+        let channels = links
+            .into_iter()
+            .map(|l| l.map(|l| Box::new(StreamChannel::with_tuning(l, cfg.tuning)) as Box<dyn PeerChannel>))
+            .collect();
         Communicator::from_channels(rank, world, channels, comm_id, cfg, wait)
     }
 

@@ -20,7 +20,7 @@ use std::fmt;
 use std::io;
 
 use crate::bootstrap::Store;
-use crate::config::Config;
+use crate::config::{Config, Tuning};
 use crate::error::{Error, Result};
 use crate::executor::{PeerChannel, StreamChannel};
 use std::os::fd::RawFd;
@@ -104,11 +104,9 @@ pub struct ConnectRequest<'a> {
 /// the peers the topology gave it, and knows nothing of how a transport connects.
 pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<Box<dyn PeerChannel>>>> {
     kind.available().map_err(Error::Unsupported)?;
-    fn boxed<L: Link + 'static>(links: Vec<Option<L>>) -> Vec<Option<Box<dyn PeerChannel>>> {
-        links
-            .into_iter()
-            .map(|l| l.map(|l| Box::new(StreamChannel::new(Box::new(l))) as Box<dyn PeerChannel>))
-            .collect()
+    fn boxed<L: Link + 'static>(links: Vec<Option<L>>, tuning: Tuning) -> Vec<Option<Box<dyn PeerChannel>>> {
+        let channel = |l: L| Box::new(StreamChannel::with_tuning(Box::new(l), tuning)) as Box<dyn PeerChannel>;
+        links.into_iter().map(|l| l.map(channel)).collect()
     }
     let cfg = req.config;
     match kind {
@@ -117,9 +115,9 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
             opts.peers = req.peers.clone();
             opts.timeout = cfg.timeout;
             opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(req.local_ranks));
-            opts.cma = crate::executor::stream::single_copy::cma_for_plain_buffers();
+            opts.cma = cfg.tuning.cma;
             opts.key = cfg.job_key.clone();
-            Ok(boxed(shm::connect_shm(&opts, req.store)?))
+            Ok(boxed(shm::connect_shm(&opts, req.store)?, cfg.tuning))
         }
         TransportKind::Tcp => {
             let mut opts = tcp::MeshOptions::new(req.rank, req.world, "mesh");
@@ -128,7 +126,7 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
             opts.comm_id = req.comm_id as u64;
             opts.peers = Some(req.peers.clone());
             opts.key = cfg.job_key.clone();
-            Ok(boxed(tcp::connect_mesh(&opts, req.store)?))
+            Ok(boxed(tcp::connect_mesh(&opts, req.store)?, cfg.tuning))
         }
         TransportKind::InProcess => Err(Error::InvalidArgument(
             "in-process links join threads of one process: use Communicator::in_process".into(),

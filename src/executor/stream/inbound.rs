@@ -14,11 +14,6 @@ use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
 use crate::types::{DType, ReduceOp};
 
-/// Bytes of a forwarded segment reduced per pass before its forward gets a turn.
-/// 2 ranks on the 2-core VM, same session: 64 KiB passes gave 9.4–10.6 GB/s at
-/// 1 MiB, unbounded ones 3.6–4.5 at 16 MiB; 256 KiB gave 12.3–12.9 and 3.7–5.0.
-const FORWARD_PASS_BYTES: usize = 256 << 10;
-
 /// Reduce what has arrived of a receive-reduce segment, in grains, so reduction
 /// overlaps the rest of the transfer.
 pub(super) fn reduce_arrived(ch: &mut StreamChannel, m: &mut InMsg) -> Result<()> {
@@ -44,9 +39,9 @@ pub(super) fn reduce_from_link(ch: &mut StreamChannel, m: &mut InMsg, peer: usiz
     let Some(src) = m.src else { return Ok(false) };
     let esz = m.dtype.size();
     let mut progressed = false;
-    // A segment that feeds a forward returns after FORWARD_PASS_BYTES, so the caller
+    // A segment that feeds a forward returns after `forward_pass_bytes`, so the caller
     // sends that part on while it is still in cache.
-    let (start, budget) = (m.got, if m.feeds.is_some() { FORWARD_PASS_BYTES } else { usize::MAX });
+    let (start, budget) = (m.got, if m.feeds.is_some() { ch.tuning.forward_pass_bytes } else { usize::MAX });
     while m.got < m.len && m.got - start < budget {
         // In grains, so the ring space goes back to the writer while the rest is reduced.
         let want = (m.len - m.got - m.carry_len).min(REDUCE_GRAIN);

@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use super::channel::{require_host, MemRegion, PeerChannel, Readiness, Reduction};
 use super::{peer_error, CallInfo};
+use crate::config::Tuning;
 use crate::error::Result;
 use crate::frame::{FrameKind, Header, HEADER_LEN};
 use crate::registered::SegmentCache;
@@ -51,8 +52,19 @@ const REDUCE_GRAIN: usize = 64 << 10;
 /// are copied out of shared rings with non-temporal stores: that skips reading each
 /// destination line before overwriting it (a quarter of the memory traffic).
 const STREAM_RECV_BYTES: usize = 4 << 20;
-/// Transfers at least this long go single-copy on links that can read peer memory.
+/// Transfers at least this long go single-copy on links that can read peer memory
+/// (the default of [`Tuning::rendezvous_bytes`]).
 pub const RENDEZVOUS_BYTES: usize = 128 << 10;
+/// Default of [`Tuning::forward_grain`]: minimum a forward sends at a time on memory
+/// links while its reduction goes on (see `outbound.rs` for the measurement).
+pub const FORWARD_GRAIN: usize = 16 << 10;
+/// Default of [`Tuning::forward_pass_bytes`]: bytes of a forwarded segment reduced
+/// per pass before its forward gets a turn. 2 ranks on the 2-core VM, same session:
+/// 64 KiB passes gave 9.4–10.6 GB/s at 1 MiB, unbounded ones 3.6–4.5 at 16 MiB;
+/// 256 KiB gave 12.3–12.9 and 3.7–5.0.
+pub const FORWARD_PASS_BYTES: usize = 256 << 10;
+/// Default of [`Tuning::peer_chunk`] (see `single_copy.rs` for the measurement).
+pub const PEER_CHUNK: usize = 1 << 20;
 /// Longest an abort message may be.
 const MAX_REASON: usize = 64 << 10;
 
@@ -88,6 +100,8 @@ pub struct StreamChannel {
     peek: bool,
     /// Smallest piece of a forward written before its frame is complete.
     forward_grain: usize,
+    /// Thresholds and grains (from the communicator's [`Config`](crate::config::Config)).
+    tuning: Tuning,
     /// Rendezvous frames sent whose ack has not arrived.
     acks_awaited: usize,
     /// Rendezvous reads finished whose ack is still to be sent.
@@ -108,12 +122,18 @@ pub struct StreamChannel {
 unsafe impl Send for StreamChannel {}
 
 impl StreamChannel {
-    /// Wrap a connected link.
+    /// Wrap a connected link, with the default [`Tuning`].
     pub fn new(link: Box<dyn Link>) -> StreamChannel {
+        StreamChannel::with_tuning(link, Tuning::default())
+    }
+
+    /// Wrap a connected link with these thresholds and grains.
+    pub fn with_tuning(link: Box<dyn Link>, tuning: Tuning) -> StreamChannel {
         StreamChannel {
             single_copy: SingleCopy::for_link(link.as_ref()),
             peek: link.can_peek(),
-            forward_grain: if link.can_peek() { outbound::FORWARD_GRAIN } else { usize::MAX },
+            forward_grain: if link.can_peek() { tuning.forward_grain } else { usize::MAX },
+            tuning,
             acks_awaited: 0,
             acks_owed: 0,
             peer_segments: SegmentCache::default(),

@@ -20,7 +20,7 @@ pub(super) fn queue_send(
     for (k, (off, len)) in frames(total).enumerate() {
         // SAFETY: off + len <= total, inside a region the caller checked.
         let data = unsafe { base.add(off) };
-        let single = ch.single_copy.applies(data, len, total);
+        let single = ch.single_copy.applies(data, len, total, ch.tuning.rendezvous_bytes);
         if single {
             // SAFETY: [data, data + len) lies in one of this call's buffers, which the
             // caller of `execute` keeps alive until it returns, and `execute` revokes
@@ -53,11 +53,10 @@ pub(super) fn frame_parts<'a>(hdr: &'a [u8], payload: &'a [u8], pad: usize, sent
     }
 }
 
-/// Minimum a forward sends at a time, on memory links, while its reduction is
-/// still going on, so it does not trickle out in tiny pieces. Sockets wait for
-/// whole frames: piecewise forwards measured 1.7–1.8 GB/s against 3.0–3.5 for
-/// whole ones (TCP loopback, 2 ranks, 1 MiB all-reduce).
-pub(super) const FORWARD_GRAIN: usize = 16 << 10;
+// A forward on a memory link goes out in pieces of at least `Tuning::forward_grain`
+// while its reduction is still going on, so it does not trickle out in tiny pieces.
+// Sockets wait for whole frames: piecewise forwards measured 1.7–1.8 GB/s against
+// 3.0–3.5 for whole ones (TCP loopback, 2 ranks, 1 MiB all-reduce).
 
 /// How many bytes of frame `m` (header and padding included) may be written by
 /// now: all of them, or for a forward as far as its gate is open, in steps of at

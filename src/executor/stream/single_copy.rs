@@ -5,17 +5,16 @@
 
 use std::io;
 
-use super::{CallInfo, InMsg, StreamChannel, RENDEZVOUS_BYTES, SEGMENT_BYTES};
+use super::{CallInfo, InMsg, StreamChannel, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::registered;
 use crate::transport::Link;
 
-/// Single-copy reductions read the peer's data in chunks of this size, then reduce
-/// each chunk while it is still in cache. Measured on the 2-core VM (2 ranks): 1 MiB
-/// chunks beat 64 KiB and 256 KiB by 5–15 % at 16–64 MiB, because each
-/// `process_vm_readv` pins pages at a fixed cost per call.
-const PEER_CHUNK: usize = 1 << 20;
+// Single-copy reductions read the peer's data in chunks of `Tuning::peer_chunk`
+// (default 1 MiB), then reduce each chunk while it is still in cache. Measured on
+// the 2-core VM (2 ranks): 1 MiB chunks beat 64 KiB and 256 KiB by 5–15 % at
+// 16–64 MiB, because each `process_vm_readv` pins pages at a fixed cost per call.
 /// Rendezvous payload: address u64, length u64, offset in a registered segment
 /// u64, name length u8, then the segment's name (empty: not registered).
 pub(super) const DESC_FIXED: usize = 25;
@@ -52,8 +51,8 @@ impl SingleCopy {
 
     /// Whether the frame of `len` bytes at `data`, part of a transfer of `total`
     /// bytes, goes as a rendezvous.
-    pub(super) fn applies(self, data: *const u8, len: usize, total: usize) -> bool {
-        total >= rendezvous_bytes()
+    pub(super) fn applies(self, data: *const u8, len: usize, total: usize, threshold: usize) -> bool {
+        total >= threshold
             && match self {
                 SingleCopy::Never => false,
                 SingleCopy::Always => true,
@@ -80,27 +79,6 @@ fn encode_descriptor(addr: usize, len: usize, reg: Option<(&str, usize)>) -> ([u
     d[24] = name.len() as u8;
     d[DESC_FIXED..DESC_FIXED + name.len()].copy_from_slice(name.as_bytes());
     (d, DESC_FIXED + name.len())
-}
-
-/// The single-copy threshold: [`RENDEZVOUS_BYTES`], or `BRAID_RENDEZVOUS_BYTES`
-/// (the sender's value decides each transfer; receivers follow each frame's kind).
-pub(super) fn rendezvous_bytes() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("BRAID_RENDEZVOUS_BYTES")
-            .ok()
-            .and_then(|v| crate::config::parse_size(&v).ok())
-            .unwrap_or(RENDEZVOUS_BYTES)
-    })
-}
-
-/// Whether plain (unregistered) buffers between processes of a host go single-copy
-/// through `process_vm_readv`: only with `BRAID_CMA=1`. Off by default because
-/// the shared ring measured faster at every size on the 2-core VM (pinning each
-/// 4 KiB page costs more than the ring's extra copy through cache).
-pub(crate) fn cma_for_plain_buffers() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("BRAID_CMA").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on")))
 }
 
 /// A rendezvous payload, checked.
@@ -190,13 +168,14 @@ pub(super) fn pull_from_peer(ch: &mut StreamChannel, m: &mut InMsg, peer: usize,
         // than the destination reads it saves.)
         return ch.link.read_peer(addr, dst).map_err(lost);
     };
-    if ch.staging.len() < PEER_CHUNK {
-        ch.staging.resize(PEER_CHUNK.max(SEGMENT_BYTES), 0);
+    let chunk = ch.tuning.peer_chunk;
+    if ch.staging.len() < chunk {
+        ch.staging.resize(chunk.max(SEGMENT_BYTES), 0);
     }
     let op = m.op;
     let mut off = 0;
     while off < len {
-        let n = (len - off).min(PEER_CHUNK);
+        let n = (len - off).min(chunk);
         ch.link.read_peer(addr + off, &mut ch.staging[..n]).map_err(lost)?;
         let inc = &ch.staging[..n];
         // SAFETY: [off, off+n) lies inside the step's dst and src ranges; src is
