@@ -16,7 +16,7 @@
 //! | `BRAID_FORWARD_PASS_BYTES` | bytes of a forwarded segment reduced per pass before its forward gets a turn (default 256K) |
 //! | `BRAID_PEER_CHUNK` | single-copy reductions read the peer's data in chunks of this size (default 1M) |
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 512K) |
-//! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core`, `none` |
+//! | `BRAID_BIND` | `none` (default for now), `auto` (launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
@@ -87,7 +87,7 @@ impl Config {
             shm_ring_bytes: None,
             ib_hca: None,
             ib_gid_index: 0,
-            bind: crate::placement::BindPolicy::Auto,
+            bind: crate::placement::BindPolicy::None,
             tuning: Tuning::default(),
             launcher: "code",
         }

@@ -2,8 +2,8 @@
 //!
 //! Left to the scheduler, two ranks of a host sometimes share a core or migrate
 //! mid-transfer, and a whole run collapses (issue 17 measured 64 MiB all-reduce at
-//! about a quarter of its speed in 3 runs of 12). Open MPI binds by default; so does
-//! braid, under [`BindPolicy::Auto`], when:
+//! about a quarter of its speed in 3 runs of 12). Under [`BindPolicy::Auto`] braid
+//! binds, as Open MPI does by default, when:
 //! - the ranks are processes started by a launcher (`braid run`, torchrun, mpirun,
 //!   srun: [`Config::launcher`](crate::config::Config) is not `code`): threads of a
 //!   program are the program's business;
@@ -18,6 +18,12 @@
 //! [`BindPolicy::Core`] binds even a narrowed or in-code rank (within the allowed
 //! set); [`BindPolicy::None`] never binds.
 //!
+//! `auto` is not yet the default: bound ranks measured 1.3–1.4x faster at 1 MiB and
+//! 64 MiB on a quiet machine, but with one busy loop beside a 2-rank job a bound rank
+//! shares its core with the loop and waits out whole scheduler slices (4 KiB
+//! all-reduce: about 4 ms bound against 0.4 ms unbound; results/placement-2026-11-23.md).
+//! It becomes the default once waiting copes with a core shared by a busy thread.
+//!
 //! The deciding is pure ([`plan`]) and tested on made-up machines; [`apply`] reads
 //! this machine and sets the calling thread's affinity (threads it starts later,
 //! such as the communicator's worker, inherit it).
@@ -29,12 +35,12 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BindPolicy {
     /// Bind processes started by a launcher whose affinity nobody narrowed, unless
-    /// oversubscribed (the default).
-    #[default]
+    /// oversubscribed.
     Auto,
     /// Bind whenever a core is free for the rank, within the allowed CPUs.
     Core,
-    /// Never bind.
+    /// Never bind (the default for now: see the module docs).
+    #[default]
     None,
 }
 

@@ -83,7 +83,7 @@ impl CommunicatorBuilder {
         self
     }
     /// Bind this rank to a core (see [`crate::placement`]); the default is
-    /// [`BindPolicy::Auto`](crate::placement::BindPolicy::Auto).
+    /// [`BindPolicy::None`](crate::placement::BindPolicy::None) for now.
     pub fn bind(mut self, policy: crate::placement::BindPolicy) -> Self {
         self.config.bind = policy;
         self
