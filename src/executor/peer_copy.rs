@@ -228,15 +228,7 @@ impl<'a> PeerCopyChannel<'a> {
     }
 
     fn device_region(&self, r: &MemRegion, what: &str, call: &CallInfo) -> Result<DevicePtr> {
-        if r.kind != MemKind::Device {
-            return Err(Error::InvalidArgument(format!(
-                "{}: {what} of {} bytes in host memory during a call on device buffers ({})",
-                call.ctx,
-                r.len,
-                self.device.describe()
-            )));
-        }
-        Ok(r.ptr as usize as DevicePtr)
+        super::staged::device_address(r, what, self.device.as_ref(), call)
     }
 
     /// Forget the transfers of earlier rounds once everything about them is over.

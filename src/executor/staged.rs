@@ -98,15 +98,7 @@ impl<'a> StagedChannel<'a> {
     }
 
     fn device_region(&self, r: &MemRegion, what: &str, call: &CallInfo) -> Result<DevicePtr> {
-        if r.kind != MemKind::Device {
-            return Err(Error::InvalidArgument(format!(
-                "{}: {what} of {} bytes in host memory during a call on device buffers ({})",
-                call.ctx,
-                r.len,
-                self.device.describe()
-            )));
-        }
-        Ok(r.ptr as usize as DevicePtr)
+        device_address(r, what, self.device.as_ref(), call)
     }
 
     /// Forget the jobs of earlier rounds once the inner channel is done with them,
@@ -334,6 +326,20 @@ impl PeerChannel for StagedChannel<'_> {
         self.spare.clear();
         self.private.clear();
     }
+}
+
+/// The device address of a region of a call on device buffers; a host region
+/// there is an error naming the operation and the device.
+pub(super) fn device_address(r: &MemRegion, what: &str, device: &dyn Device, call: &CallInfo) -> Result<DevicePtr> {
+    if r.kind != MemKind::Device {
+        return Err(Error::InvalidArgument(format!(
+            "{}: {what} of {} bytes in host memory during a call on device buffers ({})",
+            call.ctx,
+            r.len,
+            device.describe()
+        )));
+    }
+    Ok(r.ptr as usize as DevicePtr)
 }
 
 /// The first half of ending a device call on a wrapped channel: wait for the
