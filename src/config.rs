@@ -15,6 +15,7 @@
 //! | `BRAID_FORWARD_GRAIN` | smallest piece of a forward written on memory links while its reduction goes on (default 16K) |
 //! | `BRAID_FORWARD_PASS_BYTES` | bytes of a forwarded segment reduced per pass before its forward gets a turn (default 256K) |
 //! | `BRAID_PEER_CHUNK` | single-copy reductions read the peer's data in chunks of this size (default 1M) |
+//! | `BRAID_SPIN` | how long a rank with a core of its own polls before yielding, then sleeping (default 20ms) |
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 512K) |
 //! | `BRAID_BIND` | `none` (default for now), `auto` (launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
@@ -242,6 +243,9 @@ pub struct Tuning {
     pub forward_pass_bytes: usize,
     /// Single-copy reductions read the peer's data in chunks of this size.
     pub peer_chunk: usize,
+    /// A rank with a core of its own polls its links this long after the last
+    /// progress before it yields and then sleeps.
+    pub spin: Duration,
 }
 
 impl Default for Tuning {
@@ -252,13 +256,15 @@ impl Default for Tuning {
             forward_grain: crate::executor::stream::FORWARD_GRAIN,
             forward_pass_bytes: crate::executor::stream::FORWARD_PASS_BYTES,
             peer_chunk: crate::executor::stream::PEER_CHUNK,
+            spin: crate::executor::DEFAULT_SPIN,
         }
     }
 }
 
 impl Tuning {
     /// The defaults, overridden by `BRAID_RENDEZVOUS_BYTES`, `BRAID_CMA`,
-    /// `BRAID_FORWARD_GRAIN`, `BRAID_FORWARD_PASS_BYTES` and `BRAID_PEER_CHUNK`;
+    /// `BRAID_FORWARD_GRAIN`, `BRAID_FORWARD_PASS_BYTES`, `BRAID_PEER_CHUNK` and
+    /// `BRAID_SPIN`;
     /// a malformed value is an error naming the variable.
     pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Tuning> {
         let mut t = Tuning::default();
@@ -276,6 +282,12 @@ impl Tuning {
         size("BRAID_FORWARD_GRAIN", 1, &mut t.forward_grain)?;
         size("BRAID_FORWARD_PASS_BYTES", 4096, &mut t.forward_pass_bytes)?;
         size("BRAID_PEER_CHUNK", 4096, &mut t.peer_chunk)?;
+        if let Some(v) = get("BRAID_SPIN").filter(|v| !v.trim().is_empty()) {
+            t.spin = parse_duration(&v).map_err(|e| Error::Config(format!("BRAID_SPIN: {e}")))?;
+            if t.spin > Duration::from_secs(10) {
+                return Err(Error::Config(format!("BRAID_SPIN: {v} is above 10 s")));
+            }
+        }
         if let Some(v) = get("BRAID_CMA") {
             t.cma = match v.trim().to_ascii_lowercase().as_str() {
                 "1" | "true" | "yes" | "on" => true,
@@ -381,6 +393,7 @@ mod tests {
             ("BRAID_FORWARD_GRAIN", "4K"),
             ("BRAID_FORWARD_PASS_BYTES", "64K"),
             ("BRAID_PEER_CHUNK", "256K"),
+            ("BRAID_SPIN", "5ms"),
         ])
         .unwrap()
         .tuning;
@@ -390,6 +403,7 @@ mod tests {
             forward_grain: 4096,
             forward_pass_bytes: 65536,
             peer_chunk: 262144,
+            spin: Duration::from_millis(5),
         };
         assert_eq!(t, want);
         for (k, v) in [
@@ -397,6 +411,8 @@ mod tests {
             ("BRAID_CMA", "maybe"),
             ("BRAID_FORWARD_GRAIN", "0"),
             ("BRAID_PEER_CHUNK", "2G"),
+            ("BRAID_SPIN", "soon"),
+            ("BRAID_SPIN", "1h"),
         ] {
             let e = cfg(&[base[0], base[1], (k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{k}={v}: {e}");

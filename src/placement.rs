@@ -160,16 +160,49 @@ pub fn cpu_info(cpus: &[usize]) -> Vec<CpuInfo> {
 
 /// Online CPUs of the machine (`/sys/devices/system/cpu/online`, e.g. `0-3,6`).
 pub fn online_cpus() -> usize {
-    let Ok(text) = std::fs::read_to_string("/sys/devices/system/cpu/online") else {
-        return std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    };
-    text.trim()
-        .split(',')
-        .filter_map(|part| match part.split_once('-') {
-            Some((a, b)) => Some(b.parse::<usize>().ok()? + 1 - a.parse::<usize>().ok()?),
-            None => part.parse::<usize>().ok().map(|_| 1),
-        })
-        .sum()
+    match std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|t| parse_cpu_list(&t)) {
+        Some(cpus) => cpus.len(),
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    }
+}
+
+/// The largest CPU number a list may name: lists also come from peers (through
+/// the store), so a range is bounded before it is expanded.
+const MAX_CPU: usize = 1 << 16;
+
+/// Parse a CPU list in the kernel's format (`0-3,6`) into ascending, distinct CPU
+/// numbers; `None` when it is malformed or names a CPU above 65535.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = std::collections::BTreeSet::new();
+    for part in text.trim().split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let c = part.parse::<usize>().ok()?;
+                (c, c)
+            }
+        };
+        if a > b || b > MAX_CPU {
+            return None;
+        }
+        cpus.extend(a..=b);
+    }
+    Some(cpus.into_iter().collect())
+}
+
+/// `cpus` (ascending) as a short list in the kernel's format (`0`, `0-3`, `0,2`).
+pub fn format_cpu_list(cpus: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { cpus[i].to_string() } else { format!("{}-{}", cpus[i], cpus[j]) });
+        i = j + 1;
+    }
+    parts.join(",")
 }
 
 /// Decide and, if binding, set the calling thread's affinity. Returns what was done.
@@ -196,18 +229,7 @@ pub fn apply(policy: BindPolicy, launched: bool, rank: usize, local_rank: usize,
 
 /// The calling thread's allowed CPUs as a short list (`0`, `0-3`, `0,2`), for reports.
 pub fn describe_affinity() -> String {
-    let Ok(cpus) = allowed_cpus() else { return "?".into() };
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let mut j = i;
-        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
-            j += 1;
-        }
-        parts.push(if i == j { cpus[i].to_string() } else { format!("{}-{}", cpus[i], cpus[j]) });
-        i = j + 1;
-    }
-    parts.join(",")
+    allowed_cpus().map(|cpus| format_cpu_list(&cpus)).unwrap_or_else(|_| "?".into())
 }
 
 #[cfg(test)]
@@ -284,5 +306,16 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn cpu_lists_round_trip_and_reject_garbage() {
+        assert_eq!(parse_cpu_list("0-3,6\n"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("5,1-2,2"), Some(vec![1, 2, 5]));
+        assert_eq!(format_cpu_list(&[0, 1, 2, 3, 6, 8, 9]), "0-3,6,8-9");
+        assert_eq!(parse_cpu_list(&format_cpu_list(&[4, 7, 8, 9])), Some(vec![4, 7, 8, 9]));
+        for bad in ["", "x", "3-1", "0-99999999999", "1,,2", "-1", "0-65537"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad}");
+        }
     }
 }

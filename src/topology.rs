@@ -40,6 +40,10 @@ pub struct Topology {
     pub local_rank: usize,
     /// Number of ranks on this rank's host.
     pub local_size: usize,
+    /// CPUs the ranks of this host may run on together (the union of their
+    /// affinities when they set up, before any binding); 0 when unknown. More
+    /// local ranks than this means they take turns on cores.
+    pub local_cpus: usize,
 }
 
 impl Topology {
@@ -66,7 +70,7 @@ impl Topology {
         let mine = &hosts[host_of[rank]];
         let local_rank = mine.iter().position(|&r| r == rank).unwrap_or(0);
         let local_size = mine.len();
-        Topology { host_of, hosts, local_rank, local_size }
+        Topology { host_of, hosts, local_rank, local_size, local_cpus: 0 }
     }
 
     /// Every one of `world` ranks on one host (threads of one process, or a test).
@@ -332,6 +336,18 @@ fn wait_ranks(
     }
 }
 
+/// How many distinct CPUs the lists name together; 0 when any is unknown.
+fn union_size<'a>(lists: impl Iterator<Item = Option<&'a [usize]>>) -> usize {
+    let mut all = std::collections::BTreeSet::new();
+    for list in lists {
+        match list {
+            Some(cpus) => all.extend(cpus.iter().copied()),
+            None => return 0,
+        }
+    }
+    all.len()
+}
+
 /// Find which of the `world` ranks share a host with which, by probing `/dev/shm`.
 ///
 /// Every rank must call it with the same `key_prefix` (keys go under
@@ -341,27 +357,40 @@ pub fn discover(rank: usize, world: usize, store: &dyn Store, key_prefix: &str, 
     if world == 0 || rank >= world {
         return Err(Error::InvalidArgument(format!("rank {rank} is not below world size {world}")));
     }
+    let my_cpus = crate::placement::allowed_cpus().unwrap_or_default();
     if world == 1 {
-        return Ok(Topology::single_host(0, 1));
+        let mut topo = Topology::single_host(0, 1);
+        topo.local_cpus = my_cpus.len();
+        return Ok(topo);
     }
     let deadline = Instant::now() + timeout;
     let probe = Probe::create(rank)?;
     let path = probe.path.to_str().expect("probe paths are ASCII");
-    store.set(&probe_key(key_prefix, rank), format!("{} {path}", probe.token).as_bytes())?;
+    // The probe also carries this rank's CPUs, so the ranks of a host learn
+    // whether they outnumber the cores they may use between them.
+    let cpu_list = crate::placement::format_cpu_list(&my_cpus);
+    store.set(&probe_key(key_prefix, rank), format!("{} {path} {cpu_list}", probe.token).as_bytes())?;
     wait_ranks(store, |r| probe_key(key_prefix, r), world, deadline, rank, timeout)?;
 
     let mut row = String::with_capacity(world);
+    // The CPUs of every rank seen on this host (None: unreadable or malformed).
+    let mut host_cpus: Vec<Option<Vec<usize>>> = vec![None; world];
     for r in 0..world {
         let ok = r == rank || {
             let raw = store.get(&probe_key(key_prefix, r))?.unwrap_or_default();
             let text = String::from_utf8_lossy(&raw);
-            match text.split_once(' ') {
-                Some((token, path)) => probe_matches(path, token),
-                None => false,
+            let mut fields = text.splitn(3, ' ');
+            match (fields.next(), fields.next()) {
+                (Some(token), Some(path)) if probe_matches(path, token) => {
+                    host_cpus[r] = fields.next().and_then(crate::placement::parse_cpu_list);
+                    true
+                }
+                _ => false,
             }
         };
         row.push(if ok { '1' } else { '0' });
     }
+    host_cpus[rank] = Some(my_cpus);
     store.set(&row_key(key_prefix, rank), row.as_bytes())?;
     // Once every row is in, every rank has finished probing: ours can go.
     wait_ranks(store, |r| row_key(key_prefix, r), world, deadline, rank, timeout)?;
@@ -379,8 +408,9 @@ pub fn discover(rank: usize, world: usize, store: &dyn Store, key_prefix: &str, 
         }
         reach.push(raw.iter().map(|&c| c == b'1').collect::<Vec<bool>>());
     }
-    let topo = Topology::from_labels(rank, &group_hosts(&reach));
-    tracing::debug!(rank, hosts = ?topo.hosts, "topology discovered");
+    let mut topo = Topology::from_labels(rank, &group_hosts(&reach));
+    topo.local_cpus = union_size(topo.host_ranks(rank).iter().map(|&r| host_cpus[r].as_deref()));
+    tracing::debug!(rank, hosts = ?topo.hosts, local_cpus = topo.local_cpus, "topology discovered");
     Ok(topo)
 }
 
@@ -443,9 +473,27 @@ mod tests {
             assert_eq!(t.hosts, vec![vec![0, 1, 2, 3]]);
             assert_eq!((t.local_rank, t.local_size), (r, 4));
             let raw = store.get(&probe_key("job", r)).unwrap().unwrap();
-            let path = String::from_utf8(raw).unwrap().split_once(' ').unwrap().1.to_owned();
+            let path = String::from_utf8(raw).unwrap().split(' ').nth(1).unwrap().to_owned();
             assert!(path.starts_with("/dev/shm/braid-probe-") && !Path::new(&path).exists(), "{path}");
+            // Threads share the process's affinity: the host has exactly those CPUs.
+            assert_eq!(t.local_cpus, crate::placement::allowed_cpus().unwrap().len());
         }
+    }
+
+    #[test]
+    fn the_cpus_of_a_host_are_the_union_of_its_ranks_and_unknown_if_any_is() {
+        assert_eq!(union_size([Some(&[0usize, 1][..]), Some(&[1, 2][..])].into_iter()), 3);
+        assert_eq!(union_size([Some(&[4usize][..]), Some(&[4][..])].into_iter()), 1);
+        assert_eq!(union_size([Some(&[0usize, 1][..]), None].into_iter()), 0);
+        // A peer on this host whose CPU list is garbage makes the count unknown,
+        // not a panic and not a guess.
+        let store = MemStore::new();
+        let probe = Probe::create(1).unwrap();
+        let value = format!("{} {} 0-99999999", probe.token, probe.path.to_str().unwrap());
+        store.set(&probe_key("g", 1), value.as_bytes()).unwrap();
+        store.set(&row_key("g", 1), b"11").unwrap();
+        let t = discover(0, 2, &store, "g", Duration::from_secs(10)).unwrap();
+        assert_eq!((t.local_size, t.local_cpus), (2, 0));
     }
 
     #[test]

@@ -331,7 +331,9 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
         }
     }
     check_claim_kept(&scoped, cfg.rank, &label)?;
-    let wait = WaitPolicy::for_ranks(topo.local_size);
+    // From the CPUs the host's ranks had before binding: a rank bound to one core
+    // is not oversubscribed when its peers have cores of their own.
+    let wait = WaitPolicy::new(topo.local_size, topo.local_cpus, cfg.tuning.spin);
     let mut comm = Communicator::from_channels(cfg.rank, cfg.world_size, channels, comm_id, &cfg, wait);
     comm.origin = Origin::Store(Box::new(StoreOrigin { store, prefix, cfg, label }));
     Ok(comm)

@@ -142,7 +142,7 @@ impl Communicator {
         static NEXT_GROUP: AtomicU64 = AtomicU64::new(0);
         let prefix = format!("inproc/{}", NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
         let group = Arc::new(InProcGroup::new(prefix, crate::auth::random_bytes::<16>(), cfg.clone()));
-        let wait = WaitPolicy::for_ranks(world);
+        let wait = WaitPolicy::for_ranks(world).with_spin(cfg.tuning.spin);
         Ok(LoopbackLink::mesh(world)
             .into_iter()
             .enumerate()

@@ -75,7 +75,7 @@ impl InProcGroup {
         let mut cfg = group.cfg.clone();
         cfg.rank = rank;
         cfg.world_size = world;
-        let wait = WaitPolicy::for_ranks(world);
+        let wait = WaitPolicy::for_ranks(world).with_spin(cfg.tuning.spin);
         let mut comm = Communicator::from_links(rank, world, links, group.id(), &cfg, wait);
         comm.origin = Origin::InProcess(group);
         Ok(comm)
