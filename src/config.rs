@@ -17,7 +17,7 @@
 //! | `BRAID_PEER_CHUNK` | single-copy reductions read the peer's data in chunks of this size (default 1M) |
 //! | `BRAID_SPIN` | how long a rank with a core of its own polls before yielding, then sleeping (default 20ms) |
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 512K) |
-//! | `BRAID_BIND` | `none` (default for now), `auto` (launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core` |
+//! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core`, `none` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
@@ -88,7 +88,7 @@ impl Config {
             shm_ring_bytes: None,
             ib_hca: None,
             ib_gid_index: 0,
-            bind: crate::placement::BindPolicy::None,
+            bind: crate::placement::BindPolicy::Auto,
             tuning: Tuning::default(),
             launcher: "code",
         }

@@ -18,11 +18,11 @@
 //! [`BindPolicy::Core`] binds even a narrowed or in-code rank (within the allowed
 //! set); [`BindPolicy::None`] never binds.
 //!
-//! `auto` is not yet the default: bound ranks measured 1.3–1.4x faster at 1 MiB and
-//! 64 MiB on a quiet machine, but with one busy loop beside a 2-rank job a bound rank
-//! shares its core with the loop and waits out whole scheduler slices (4 KiB
-//! all-reduce: about 4 ms bound against 0.4 ms unbound; results/placement-2026-11-23.md).
-//! It becomes the default once waiting copes with a core shared by a busy thread.
+//! `auto` is the default. It waited on the executor's wait policy: a bound rank
+//! beside a busy loop used to take its core's few CPUs for "more ranks than cores"
+//! and yield its slice to the loop on every poll (4 KiB all-reduce about 4 ms). The
+//! policy now counts the CPUs the host's ranks had before binding, and bound ranks
+//! are ahead of unbound ones under load too (results/busy-2026-11-24.md).
 //!
 //! The deciding is pure ([`plan`]) and tested on made-up machines; [`apply`] reads
 //! this machine and sets the calling thread's affinity (threads it starts later,
@@ -35,12 +35,12 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BindPolicy {
     /// Bind processes started by a launcher whose affinity nobody narrowed, unless
-    /// oversubscribed.
+    /// oversubscribed (the default).
+    #[default]
     Auto,
     /// Bind whenever a core is free for the rank, within the allowed CPUs.
     Core,
-    /// Never bind (the default for now: see the module docs).
-    #[default]
+    /// Never bind.
     None,
 }
 

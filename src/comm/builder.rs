@@ -83,7 +83,7 @@ impl CommunicatorBuilder {
         self
     }
     /// Bind this rank to a core (see [`crate::placement`]); the default is
-    /// [`BindPolicy::None`](crate::placement::BindPolicy::None) for now.
+    /// [`BindPolicy::Auto`](crate::placement::BindPolicy::Auto).
     pub fn bind(mut self, policy: crate::placement::BindPolicy) -> Self {
         self.config.bind = policy;
         self

@@ -42,6 +42,8 @@ use crate::types::{CallSig, DType, ReduceOp};
 pub use channel::{MemKind, MemRegion, PeerChannel, Readiness, Reduction};
 pub use stream::{StreamChannel, RENDEZVOUS_BYTES, SEGMENT_BYTES};
 
+/// Idle passes of a spinning rank between two reads of the clock.
+const PASSES_PER_CLOCK_READ: u32 = 16;
 /// After spinning, links without a descriptor to poll keep yielding this long
 /// before they start to sleep.
 const YIELD_PHASE: Duration = Duration::from_millis(2);
@@ -370,6 +372,7 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
     // the first passes never pays for it.
     let mut last_progress: Option<Instant> = None;
     let mut sleep = Duration::from_micros(5);
+    let mut spinning_passes = 0u32;
     loop {
         // A plain load: this is the hot loop. Every wait below is bounded (100 ms
         // in poll, 1 ms asleep), so an abort is seen well within a second.
@@ -388,7 +391,15 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
         }
         if progressed {
             last_progress = None;
+            spinning_passes = 0;
             sleep = Duration::from_micros(5);
+            continue;
+        }
+        // Spinning, the clock is read only every few passes: a pass is a few tens
+        // of nanoseconds and a clock read in a VM costs as much.
+        if spinning_passes > 0 {
+            spinning_passes -= 1;
+            std::hint::spin_loop();
             continue;
         }
         let now = Instant::now();
@@ -402,7 +413,7 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
             if call.wait.yield_while_spinning {
                 std::thread::yield_now();
             } else {
-                std::hint::spin_loop();
+                spinning_passes = PASSES_PER_CLOCK_READ;
             }
             continue;
         }

@@ -88,6 +88,10 @@ pub fn default_ring_bytes(local_ranks: usize) -> usize {
 
 /// Least time between two liveness checks of a link's peer process.
 pub const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
+/// Empty polls of a link between two reads of the clock for liveness checks (a
+/// rank that sleeps between polls sleeps at most 1 ms, so a dead peer is still
+/// seen within about 0.1 s).
+const POLLS_PER_CLOCK_READ: u32 = 64;
 
 /// Directory the segments live in (a tmpfs on Linux).
 const SHM_DIR: &str = "/dev/shm";
@@ -193,6 +197,8 @@ pub struct ShmLink {
     rx: RingReader,
     watch: PeerWatch,
     last_check: Instant,
+    /// Empty polls since the clock was last read (see `check_due`).
+    idle_polls: u32,
     cma: bool,
 }
 
@@ -203,7 +209,15 @@ impl ShmLink {
     }
 
     /// Whether a liveness check is due (at most one per [`LIVENESS_INTERVAL`]).
+    /// The clock is read only every [`POLLS_PER_CLOCK_READ`] empty polls: a waiting
+    /// rank polls in a tight loop, and reading the clock on every pass delayed
+    /// noticing the peer's data.
     fn check_due(&mut self) -> bool {
+        self.idle_polls += 1;
+        if self.idle_polls < POLLS_PER_CLOCK_READ {
+            return false;
+        }
+        self.idle_polls = 0;
         let now = Instant::now();
         if now.duration_since(self.last_check) >= LIVENESS_INTERVAL {
             self.last_check = now;

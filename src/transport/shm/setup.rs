@@ -199,6 +199,7 @@ impl Setup {
             rx: rx.map_err(what)?,
             watch: self.watch.unwrap_or_else(|| PeerWatch::new(self.peer_pid)),
             last_check: Instant::now(),
+            idle_polls: 0,
             cma,
         })
     }
