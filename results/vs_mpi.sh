@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 17, acceptance 2 and 4: braid against Open MPI's shared memory, f32 sum,
+# in place, nccl-tests sizes and busbw, alternating braid and Open MPI every round
+# (the order flips each round). Configurations (CONFIGS, space separated):
+#   ar2 ar2reg ar4 bc2 ag2 rs2 a2a2 — all-reduce 2 ranks, the same --registered,
+#   all-reduce 4 ranks (on however many cores there are), broadcast, all-gather,
+#   reduce-scatter, all-to-all (braid only: the peer has no all-to-all) with 2 ranks.
+# Usage: BIN=target/release/braid MPI=/tmp/mpi/mpi_allreduce ROUNDS=3 OUT=/tmp/vs \
+#        results/vs_mpi.sh; results/vs_mpi_summarize.py /tmp/vs
+# (build the peer: mpicc -O2 -o /tmp/mpi/mpi_allreduce ../shared/peers/src/mpi_allreduce.c)
+# PRIO="chrt -f 5" runs both at real-time priority (a shared machine).
+set -u
+BIN=${BIN:?path of braid}
+MPI=${MPI:?path of mpi_allreduce}
+ROUNDS=${ROUNDS:-3}
+ITERS=${ITERS:-100}
+OUT=${OUT:-/tmp/braid-vs}
+PRIO=${PRIO:-}
+CONFIGS=${CONFIGS:-ar2 ar2reg ar4 bc2 ag2 rs2}
+SIZES=${SIZES:-4096,65536,1048576,16777216,67108864}
+mkdir -p "$OUT"
+braid_op() { case $1 in ar*) echo all-reduce;; bc*) echo broadcast;; ag*) echo all-gather;; rs*) echo reduce-scatter;; a2a*) echo all-to-all;; esac; }
+mpi_op() { case $1 in ar*) echo allreduce;; bc*) echo bcast;; ag*) echo allgather;; rs*) echo reducescatter;; *) echo none;; esac; }
+ranks() { case $1 in *4*) echo 4;; *) echo 2;; esac; }
+braid() { # config round
+  local c=$1 r=$2 extra="" f="$OUT/braid-$1-r$2.jsonl"
+  [ "$c" = ar2reg ] && extra=--registered
+  : > "$f"
+  for s in ${SIZES//,/ }; do
+    $PRIO "$BIN" perf --op "$(braid_op "$c")" --ranks "$(ranks "$c")" -b "$s" -e "$s" -n "$ITERS" -w 10 -c 1 $extra \
+      --json "$f.part" > /dev/null 2>&1 || echo "FAILED braid $c $s round $r"
+    cat "$f.part" >> "$f" 2>/dev/null; rm -f "$f.part"
+  done
+}
+mpi() { # config round
+  local c=$1 r=$2 op
+  op=$(mpi_op "$c")
+  [ "$op" = none ] || [ "$c" = ar2reg ] && return 0
+  $PRIO mpirun --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo -np "$(ranks "$c")" "$MPI" --op "$op" \
+    --label sm --mode inplace --sizes "$SIZES" --iters "$ITERS" > "$OUT/mpi-$c-r$r.jsonl" 2>/dev/null \
+    || echo "FAILED mpi $c round $r"
+}
+for r in $(seq 1 "$ROUNDS"); do
+  for c in $CONFIGS; do
+    if [ $((r % 2)) = 1 ]; then braid "$c" "$r"; mpi "$c" "$r"; else mpi "$c" "$r"; braid "$c" "$r"; fi
+  done
+  echo "round $r done $(date -u +%H:%M:%S)"
+done

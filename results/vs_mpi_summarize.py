@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Per configuration and size: braid's and Open MPI's median time (µs) and busbw
+(GB/s) over the rounds of results/vs_mpi.sh, and braid/Open MPI of the busbw
+medians (above 1: braid is faster). ar2reg is compared with ar2's Open MPI."""
+import glob, json, os, statistics, sys
+out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/braid-vs"
+rows = {}
+for f in glob.glob(f"{out}/*.jsonl"):
+    who, cfg, rnd = os.path.basename(f)[:-6].split("-")
+    for line in open(f):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        d = json.loads(line)
+        if d.get("wrong") not in (0, None) or d.get("correct") is False:
+            print(f"WRONG RESULTS in {f}")
+        t = d.get("time_us", d.get("median_us"))
+        bw = d.get("busbw_gbps", d.get("busbw_GBps"))
+        rows.setdefault((cfg, d["bytes"]), {}).setdefault(who, []).append((t, bw))
+print("| config | size | braid µs | Open MPI µs | braid busbw | Open MPI busbw | braid/OMPI busbw | runs |")
+print("|---|---|---|---|---|---|---|---|")
+order = ["ar2", "ar2reg", "ar4", "bc2", "ag2", "rs2", "a2a2"]
+for (cfg, b) in sorted(rows, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[1])):
+    r = rows[(cfg, b)]
+    mpi = r.get("mpi") or rows.get(("ar2" if cfg == "ar2reg" else cfg, b), {}).get("mpi") or []
+    br = r.get("braid", [])
+    if not br:
+        continue
+    bt = statistics.median(x[0] for x in br); bb = statistics.median(x[1] for x in br)
+    if mpi:
+        mt = statistics.median(x[0] for x in mpi); mb = statistics.median(x[1] for x in mpi)
+        cells = f"{mt:.2f} | {bb:.3f} | {mb:.3f} | {bb / mb:.2f}"
+    else:
+        cells = f"- | {bb:.3f} | - | -"
+    size = f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+    print(f"| {cfg} | {size} | {bt:.2f} | {cells} | {len(br)}+{len(mpi)} |")
