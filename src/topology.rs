@@ -375,14 +375,14 @@ pub fn discover(rank: usize, world: usize, store: &dyn Store, key_prefix: &str, 
     let mut row = String::with_capacity(world);
     // The CPUs of every rank seen on this host (None: unreadable or malformed).
     let mut host_cpus: Vec<Option<Vec<usize>>> = vec![None; world];
-    for r in 0..world {
+    for (r, cpus) in host_cpus.iter_mut().enumerate() {
         let ok = r == rank || {
             let raw = store.get(&probe_key(key_prefix, r))?.unwrap_or_default();
             let text = String::from_utf8_lossy(&raw);
             let mut fields = text.splitn(3, ' ');
             match (fields.next(), fields.next()) {
                 (Some(token), Some(path)) if probe_matches(path, token) => {
-                    host_cpus[r] = fields.next().and_then(crate::placement::parse_cpu_list);
+                    *cpus = fields.next().and_then(crate::placement::parse_cpu_list);
                     true
                 }
                 _ => false,
