@@ -391,3 +391,46 @@ fn rank_zero_hosting_the_store_keeps_it_up_for_slower_ranks() {
         }
     }
 }
+
+/// `braid perf --plot` draws its own sweep; `braid plot` draws runs saved with `--json`.
+#[test]
+fn perf_plots_its_sweep_and_braid_plot_combines_saved_runs() {
+    let dir = std::env::temp_dir().join(format!("braid-perf-plot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (svg, runs) = (dir.join("x.svg"), dir.join("runs.jsonl"));
+    let out = Command::new(BRAID)
+        .args(["perf", "--ranks", "2", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--plot"])
+        .arg(&svg)
+        .arg("--json")
+        .arg(&runs)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).expect("rank 0 wrote the plot");
+    assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"), "{text}");
+    assert!(text.contains("all-reduce ") && text.contains(" 2 ranks f32"), "the line names the op: {text}");
+    assert_eq!(text.matches("stroke-width=\"2\"").count(), 1, "one line for one sweep: {text}");
+    // A second sweep appended to the same file, then both drawn from it.
+    let out = Command::new(BRAID)
+        .args(["perf", "--op", "all-gather", "--ranks", "2", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--json"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let both = dir.join("both.svg");
+    let out = Command::new(BRAID).arg("plot").arg(&both).arg(&runs).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&both).unwrap();
+    assert!(text.contains("all-reduce ") && text.contains("all-gather "), "{text}");
+    assert_eq!(text.matches("stroke-width=\"2\"").count(), 2, "a line for each run in the file: {text}");
+    // A path that cannot be written is named, before any rank is launched for nothing.
+    let nowhere = dir.join("no-such-dir").join("x.svg");
+    let out =
+        Command::new(BRAID).args(["perf", "--ranks", "2", "-b", "1K", "-e", "1K", "--plot"]).arg(&nowhere).output();
+    let out = out.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&nowhere.display().to_string()) && !err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,8 +1,10 @@
-//! `braid`: launch ranks (`braid run`) and measure collectives (`braid perf`).
+//! `braid`: launch ranks (`braid run`), measure collectives (`braid perf`) and draw
+//! saved measurements (`braid plot`).
 
 mod launch;
 mod perf;
 mod perf_device;
+mod plot;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +22,13 @@ enum Command {
     Run(launch::RunArgs),
     /// Measure a collective over a sweep of sizes (nccl-tests columns).
     Perf(perf::PerfArgs),
+    /// Draw runs saved with `braid perf --json` into one SVG: busbw against size.
+    ///
+    /// One line per run: a file may hold several (`--json` appends), and any number of
+    /// files may be given. Example: `braid perf --algo ring --json ring.jsonl`, then
+    /// `braid perf --algo direct --json direct.jsonl`, then
+    /// `braid plot busbw.svg ring.jsonl direct.jsonl`.
+    Plot(plot::PlotArgs),
 }
 
 fn main() {
@@ -32,6 +41,7 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => launch::run(args),
         Command::Perf(args) => perf::main(args),
+        Command::Plot(args) => plot::main(args),
     };
     std::process::exit(code);
 }

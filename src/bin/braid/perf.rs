@@ -14,6 +14,7 @@ use half::{bf16, f16};
 
 use crate::launch::{launch, Launch};
 use crate::perf_device::{self, DeviceBufs, DeviceChoice};
+use crate::plot;
 
 /// Arguments of `braid perf`. The short flags are nccl-tests' (`-b -e -f -n -w -c -o
 /// -d -r`), so its command lines port as they are.
@@ -76,6 +77,11 @@ pub struct PerfArgs {
     /// Append one JSON object per size to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Draw busbw against message size into this SVG file (rank 0 writes it), one line
+    /// labelled by op, algorithm, transport, ranks and type. To draw several runs in one
+    /// plot, save each with `--json` and give the files to `braid plot OUT.svg FILE...`.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// `0`/`1` (nccl-tests) or `false`/`true`.
@@ -102,6 +108,10 @@ pub fn main(mut args: PerfArgs) -> i32 {
             return 2;
         }
         args.device = DeviceChoice::Cuda;
+    }
+    if args.plot.is_some() && args.op == OpKind::Barrier {
+        eprintln!("braid perf: --plot draws busbw against size, and a barrier moves no bytes");
+        return 2;
     }
     if args.factor <= 1.0 && args.min_bytes != args.max_bytes {
         eprintln!("braid perf: --factor must be greater than 1");
@@ -130,6 +140,9 @@ pub fn main(mut args: PerfArgs) -> i32 {
         Ok(cfg) => one_rank(args, cfg),
         Err(_) => {
             // Not under a launcher: start --ranks copies of ourselves.
+            if !plot_target_ok(&args) {
+                return 2;
+            }
             let exe = match std::env::current_exe() {
                 Ok(p) => p.to_string_lossy().into_owned(),
                 Err(e) => {
@@ -173,7 +186,22 @@ fn one_rank(args: PerfArgs, mut cfg: Config) -> i32 {
     finish(rank, result)
 }
 
+/// Before ranks are started for nothing: can the `--plot` file be written? Under a
+/// launcher only rank 0 asks, in [`sweep`].
+fn plot_target_ok(args: &PerfArgs) -> bool {
+    match args.plot.as_deref().map(plot::check_writable) {
+        Some(Err(e)) => {
+            eprintln!("braid perf: --plot: {e}");
+            false
+        }
+        _ => true,
+    }
+}
+
 fn threads(args: PerfArgs) -> i32 {
+    if !plot_target_ok(&args) {
+        return 2;
+    }
     let devices: braid::Result<Vec<_>> = (0..args.ranks).map(|r| perf_device::open(args.device, r)).collect();
     let comms = match devices.map(|d| d.into_iter().flatten().collect::<Vec<_>>()) {
         Ok(d) if !d.is_empty() => Communicator::in_process_on(d),
@@ -475,6 +503,11 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         ),
         _ => None,
     };
+    if let (Some(path), 0) = (&a.plot, rank) {
+        plot::check_writable(path).map_err(|e| braid::Error::InvalidArgument(format!("--plot: {e}")))?;
+    }
+    // Rank 0's rows for --plot, read back from the same JSON that --json writes.
+    let mut plot_rows = Vec::new();
     let mut kinds: Vec<&str> = all_codes.iter().filter(|c| **c != 0).map(|c| transport_label(*c)).collect();
     kinds.sort_unstable();
     kinds.dedup();
@@ -582,13 +615,16 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
                 algo
             );
             let _ = std::io::stdout().flush();
+            let line = serde_json::json!({
+                "op": a.op.name(), "bytes": c.bytes, "count": c.sig.count, "dtype": a.dtype.name(),
+                "ranks": n, "transport": transport_name, "algo": algo, "time_us": t * 1e6,
+                "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
+            });
             if let Some(f) = json.as_mut() {
-                let line = serde_json::json!({
-                    "op": a.op.name(), "bytes": c.bytes, "count": c.sig.count, "dtype": a.dtype.name(),
-                    "ranks": n, "transport": transport_name, "algo": algo, "time_us": t * 1e6,
-                    "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
-                });
                 writeln!(f, "{line}").map_err(|e| braid::Error::io("writing --json", e))?;
+            }
+            if a.plot.is_some() {
+                plot_rows.push(plot::Row::from_json(&line).map_err(braid::Error::InvalidArgument)?);
             }
         }
     }
@@ -602,6 +638,11 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             "# Avg bus bandwidth    : {:.4} GB/s",
             if sizes_done > 0 { busbw_sum / sizes_done as f64 } else { 0.0 }
         );
+    }
+    if let (Some(path), 0) = (&a.plot, rank) {
+        let series = plot::series_from_rows(&plot_rows);
+        plot::write(path, &series).map_err(|e| braid::Error::InvalidArgument(format!("--plot: {e}")))?;
+        println!("# Plot                 : {}", path.display());
     }
     Ok(total_wrong)
 }
