@@ -11,14 +11,19 @@ B=${B:?path of build B}
 ROUNDS=${ROUNDS:-5}
 PRIO=${PRIO:-}
 OUT=${OUT:-/tmp/braid-ab}
+# OP=all-gather (or any `braid perf --op`) and CONFIGS="shm 4K 5000;shm 1M 600"
+# (transport size iters, `;` between) narrow the comparison.
+OP=${OP:-all-reduce}
+CONFIGS=${CONFIGS:-shm 4K 5000;shm 1M 600;shm 64M 30;tcp 4K 5000;tcp 1M 400;tcp 64M 16}
 mkdir -p "$OUT"
 one() { # build label transport size iters round
   local bin=$1 label=$2 t=$3 s=$4 iters=$5 r=$6
-  $PRIO "$bin" perf --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
+  $PRIO "$bin" perf --op "$OP" --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
     --json "$OUT/$label-$t-$s-r$r.jsonl" > /dev/null 2>&1 || echo "FAILED $label $t $s round $r"
 }
 for r in $(seq 1 "$ROUNDS"); do
-  for cfg in "shm 4K 5000" "shm 1M 600" "shm 64M 30" "tcp 4K 5000" "tcp 1M 400" "tcp 64M 16"; do
+  IFS=';' read -ra cfgs <<< "$CONFIGS"
+  for cfg in "${cfgs[@]}"; do
     set -- $cfg
     if [ $((r % 2)) = 1 ]; then one "$A" A "$@" "$r"; one "$B" B "$@" "$r"
     else one "$B" B "$@" "$r"; one "$A" A "$@" "$r"; fi

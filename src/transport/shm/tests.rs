@@ -456,9 +456,10 @@ fn garbage_ring_counters_in_a_live_segment_are_invalid_data_naming_the_peer() {
     assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     assert!(e.to_string().contains("rank 0"), "{e}");
     assert_eq!(l1.peek(64).unwrap_err().kind(), io::ErrorKind::InvalidData);
-    // The receiver's tail runs ahead of everything written: the sender refuses it.
+    // The receiver's tail runs ahead of everything written: the sender refuses it
+    // as soon as it needs more room than it knows to be free (4091 bytes).
     ring_counter(&map, 0, true).store(1 << 40, Ordering::Release);
-    let e = l0.try_write(&[b"x"]).unwrap_err();
+    let e = l0.try_write(&[&[0u8; 4096]]).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     assert!(e.to_string().contains("rank 1"), "{e}");
     // A rewritten capacity in the segment or ring header changes nothing.
