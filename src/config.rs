@@ -16,7 +16,7 @@
 //! | `BRAID_FORWARD_PASS_BYTES` | bytes of a forwarded segment reduced per pass before its forward gets a turn (default 256K) |
 //! | `BRAID_PEER_CHUNK` | single-copy reductions read the peer's data in chunks of this size (default 1M) |
 //! | `BRAID_SPIN` | how long a rank with a core of its own polls before yielding, then sleeping (default 20ms) |
-//! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 512K) |
+//! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 2M, 4M when the host's ranks outnumber their CPUs, less with many ranks: 16M per rank in all) |
 //! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core`, `none` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |

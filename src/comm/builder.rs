@@ -322,6 +322,7 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
             store: &scoped,
             comm_id,
             local_ranks: topo.local_size,
+            local_cpus: topo.local_cpus,
             config: &cfg,
         };
         for (p, c) in transport::connect(kind, &req)?.into_iter().enumerate() {

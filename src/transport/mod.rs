@@ -93,6 +93,8 @@ pub struct ConnectRequest<'a> {
     pub comm_id: u32,
     /// How many ranks of the communicator share this host.
     pub local_ranks: usize,
+    /// CPUs those ranks may use between them (0: unknown; see `Topology::local_cpus`).
+    pub local_cpus: usize,
     /// Timeout, job key, interface filter, ring sizes.
     pub config: &'a Config,
 }
@@ -114,7 +116,8 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
             let mut opts = shm::ShmOptions::new(req.rank, req.world, "shm");
             opts.peers = req.peers.clone();
             opts.timeout = cfg.timeout;
-            opts.ring_bytes = cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(req.local_ranks));
+            opts.ring_bytes =
+                cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(req.local_ranks, req.local_cpus));
             opts.cma = cfg.tuning.cma;
             opts.key = cfg.job_key.clone();
             Ok(boxed(shm::connect_shm(&opts, req.store)?, cfg.tuning))

@@ -67,23 +67,33 @@ use setup::{attach, attach_published, create, file_key, need_file_key, setup_ctx
 mod tests;
 
 /// Data bytes buffered per direction of a shared-memory link when every rank of
-/// the host has a core: about a core's L2, so long streams stay in cache between
-/// writer and reader (2-core Zen 3 VM, 2 ranks: 512 KiB beat 256 KiB, 1 MiB and
-/// 4 MiB from 16 MiB up, and matched 4 MiB at 1 MiB).
-pub const SHM_RING_BYTES: usize = 512 << 10;
+/// the host has a core. 2-core Zen 4 VM (1 MiB L2), 2 ranks bound to a core each,
+/// alternating rounds at 1–64 MiB (`results/ring-size-2026-11-24.md`): 512 KiB
+/// lost to 1 MiB and 2 MiB for every collective (all-reduce 1 MiB: 10.6–11.0 GB/s
+/// against 16.1–16.4), and 2 MiB beat 1 MiB from 16 MiB up (all-reduce 64 MiB
+/// 7.6 against 5.9, all-gather 64 MiB 7.6 against 5.4) and 4 MiB at most sizes.
+pub const SHM_RING_BYTES: usize = 2 << 20;
 /// Ring bytes when ranks outnumber cores: a rank can then post a whole step and
 /// give up its core instead of waiting for room (4 ranks on 2 cores: 1.4–1.6 GB/s
 /// at 1 MiB with 512 KiB rings, 2.1–2.3 with 4 MiB).
 pub const SHM_RING_BYTES_OVERSUBSCRIBED: usize = 4 << 20;
+/// Ring bytes one rank may receive into across all its shared-memory links: with
+/// many ranks on a host, rings shrink (to no less than [`SHM_RING_BYTES_MIN`]) so
+/// `/dev/shm` use grows with the ranks, not with their square.
+pub const SHM_RING_BUDGET: usize = 16 << 20;
+/// The smallest ring the budget shrinks to.
+pub const SHM_RING_BYTES_MIN: usize = 256 << 10;
 
-/// The ring size for a host running `local_ranks` ranks of the communicator.
-pub fn default_ring_bytes(local_ranks: usize) -> usize {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    if local_ranks > cores {
-        SHM_RING_BYTES_OVERSUBSCRIBED
-    } else {
-        SHM_RING_BYTES
-    }
+/// The ring size for a host running `local_ranks` ranks of the communicator on
+/// `cores` CPUs between them (0: unknown, taken as the machine's). Not this
+/// process's affinity: a rank bound to one core is not oversubscribed when its
+/// peers have cores of their own.
+pub fn default_ring_bytes(local_ranks: usize, cores: usize) -> usize {
+    let cores = if cores == 0 { crate::placement::online_cpus() } else { cores };
+    let wanted = if local_ranks > cores { SHM_RING_BYTES_OVERSUBSCRIBED } else { SHM_RING_BYTES };
+    let share = SHM_RING_BUDGET / local_ranks.saturating_sub(1).max(1);
+    // A multiple of the page size, as segment set-up requires.
+    wanted.min(share.max(SHM_RING_BYTES_MIN)) / 4096 * 4096
 }
 
 /// Least time between two liveness checks of a link's peer process.

@@ -573,3 +573,19 @@ fn a_fifo_or_symlink_under_a_segment_name_is_refused_without_waiting() {
     let _ = std::fs::remove_file(&dir);
     let _ = std::fs::remove_file(&link);
 }
+
+#[test]
+fn ring_sizes_follow_cores_and_shrink_with_many_ranks() {
+    // A core per rank (counted over the host's ranks, not one bound rank's CPU).
+    assert_eq!(default_ring_bytes(2, 2), SHM_RING_BYTES);
+    assert_eq!(default_ring_bytes(8, 8), SHM_RING_BYTES);
+    // More ranks than CPUs: the larger ring.
+    assert_eq!(default_ring_bytes(4, 2), SHM_RING_BYTES_OVERSUBSCRIBED);
+    // Many ranks: 16 MiB per rank in all, rounded to pages, never below the floor.
+    assert_eq!(default_ring_bytes(17, 64), SHM_RING_BUDGET / 16);
+    assert_eq!(default_ring_bytes(12, 64), (SHM_RING_BUDGET / 11) / 4096 * 4096);
+    assert_eq!(default_ring_bytes(1000, 2000), SHM_RING_BYTES_MIN);
+    for n in 1..200 {
+        assert_eq!(default_ring_bytes(n, 0) % 4096, 0, "{n} ranks");
+    }
+}
