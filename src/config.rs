@@ -15,6 +15,7 @@
 //! | `BRAID_FORWARD_GRAIN` | smallest piece of a forward written on memory links while its reduction goes on (default 16K) |
 //! | `BRAID_FORWARD_PASS_BYTES` | bytes of a forwarded segment reduced per pass before its forward gets a turn (default 256K) |
 //! | `BRAID_PEER_CHUNK` | single-copy reductions read the peer's data in chunks of this size (default 1M) |
+//! | `BRAID_NT_STORES` | `auto` (default: time plain and non-temporal copies into shared-memory rings and keep the faster), `on`, `off` |
 //! | `BRAID_SPIN` | how long a rank with a core of its own polls before yielding, then sleeping (default 20ms) |
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 2M, 4M when the host's ranks outnumber their CPUs, less with many ranks: 16M per rank in all) |
 //! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core`, `none` |
@@ -246,6 +247,9 @@ pub struct Tuning {
     /// A rank with a core of its own polls its links this long after the last
     /// progress before it yields and then sleeps.
     pub spin: Duration,
+    /// Whether large shared-memory ring writes use non-temporal stores: `Auto`
+    /// times both and keeps the faster (see [`crate::transport::stream_copy`]).
+    pub nt_stores: crate::transport::stream_copy::StreamPolicy,
 }
 
 impl Default for Tuning {
@@ -257,6 +261,7 @@ impl Default for Tuning {
             forward_pass_bytes: crate::executor::stream::FORWARD_PASS_BYTES,
             peer_chunk: crate::executor::stream::PEER_CHUNK,
             spin: crate::executor::DEFAULT_SPIN,
+            nt_stores: crate::transport::stream_copy::StreamPolicy::Auto,
         }
     }
 }
@@ -287,6 +292,9 @@ impl Tuning {
             if t.spin > Duration::from_secs(10) {
                 return Err(Error::Config(format!("BRAID_SPIN: {v} is above 10 s")));
             }
+        }
+        if let Some(v) = get("BRAID_NT_STORES") {
+            t.nt_stores = v.parse().map_err(|e| Error::Config(format!("BRAID_NT_STORES: {e}")))?;
         }
         if let Some(v) = get("BRAID_CMA") {
             t.cma = match v.trim().to_ascii_lowercase().as_str() {
@@ -394,6 +402,7 @@ mod tests {
             ("BRAID_FORWARD_PASS_BYTES", "64K"),
             ("BRAID_PEER_CHUNK", "256K"),
             ("BRAID_SPIN", "5ms"),
+            ("BRAID_NT_STORES", "off"),
         ])
         .unwrap()
         .tuning;
@@ -404,6 +413,7 @@ mod tests {
             forward_pass_bytes: 65536,
             peer_chunk: 262144,
             spin: Duration::from_millis(5),
+            nt_stores: crate::transport::stream_copy::StreamPolicy::Off,
         };
         assert_eq!(t, want);
         for (k, v) in [
@@ -413,6 +423,7 @@ mod tests {
             ("BRAID_PEER_CHUNK", "2G"),
             ("BRAID_SPIN", "soon"),
             ("BRAID_SPIN", "1h"),
+            ("BRAID_NT_STORES", "sometimes"),
         ] {
             let e = cfg(&[base[0], base[1], (k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{k}={v}: {e}");

@@ -310,6 +310,7 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     let kinds = agree_on_rdma(&scoped, &cfg, &topo, kinds, rdma_here)?;
     let wanted = |k: TransportKind| kinds.iter().map(|t| *t == Some(k)).collect::<Vec<bool>>();
     let mut channels: Vec<Option<Box<dyn PeerChannel>>> = (0..cfg.world_size).map(|_| None).collect();
+    let stream_switch = crate::transport::stream_copy::StreamSwitch::default();
     for kind in topology::TRANSPORT_PREFERENCE {
         let peers = wanted(kind);
         if !peers.iter().any(|b| *b) {
@@ -323,6 +324,7 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
             comm_id,
             local_ranks: topo.local_size,
             local_cpus: topo.local_cpus,
+            stream_switch: stream_switch.clone(),
             config: &cfg,
         };
         for (p, c) in transport::connect(kind, &req)?.into_iter().enumerate() {
@@ -336,6 +338,9 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     // is not oversubscribed when its peers have cores of their own.
     let wait = WaitPolicy::new(topo.local_size, topo.local_cpus, cfg.tuning.spin);
     let mut comm = Communicator::from_channels(cfg.rank, cfg.world_size, channels, comm_id, &cfg, wait);
+    if kinds.contains(&Some(TransportKind::Shm)) {
+        comm.core.shared.set_stream_tuner(crate::transport::stream_copy::CallTuner::new(stream_switch));
+    }
     comm.origin = Origin::Store(Box::new(StoreOrigin { store, prefix, cfg, label }));
     Ok(comm)
 }

@@ -49,6 +49,8 @@ pub(crate) struct Engine {
     pub(super) plans: HashMap<PlanKey, Arc<Schedule>>,
     /// The plans of the latest distinct calls, most recent first.
     pub(super) recent_plans: [Option<(PlanKey, Arc<Schedule>)>; RECENT_PLANS],
+    /// Chooses plain or streaming shared-memory ring writes from call times.
+    pub(super) stream_tuner: Option<crate::transport::stream_copy::CallTuner>,
 }
 
 impl Engine {
@@ -82,6 +84,7 @@ impl Engine {
             queues: executor::Queues::default(),
             plans: HashMap::new(),
             recent_plans: Default::default(),
+            stream_tuner: None,
         }
     }
 
@@ -249,7 +252,16 @@ impl Engine {
             device_scratch: if device.is_some() { self.device_scratch.take() } else { None },
             peer_copy,
         };
+        // Host buffers over shared memory: time large calls for the ring writers'
+        // choice of stores (device buffers are staged by other code).
+        let timed = match (&mut self.stream_tuner, device) {
+            (Some(t), None) => t.begin((sig.count as usize).saturating_mul(sig.dtype.size())),
+            _ => None,
+        };
         let r = self.run(sig, &schedule, &mut bufs, (seq, seq));
+        if let (Some(t), Some(timed), true) = (&mut self.stream_tuner, timed, r.is_ok()) {
+            t.end(timed);
+        }
         self.scratch = std::mem::take(&mut bufs.scratch);
         if device.is_some() {
             self.device_scratch = bufs.device_scratch.take();

@@ -70,6 +70,11 @@ impl Shared {
     }
 
     /// The engine, whoever held it last (a panic there is handled by `in_turn`).
+    /// Have large calls tune the shared-memory ring writers' stores.
+    pub(super) fn set_stream_tuner(&self, tuner: crate::transport::stream_copy::CallTuner) {
+        self.lock_engine().stream_tuner = Some(tuner);
+    }
+
     pub(super) fn lock_engine(&self) -> MutexGuard<'_, Engine> {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -14,6 +14,7 @@ pub mod loopback;
 pub mod rdma;
 pub mod ring;
 pub mod shm;
+pub mod stream_copy;
 pub mod tcp;
 
 use std::fmt;
@@ -95,6 +96,8 @@ pub struct ConnectRequest<'a> {
     pub local_ranks: usize,
     /// CPUs those ranks may use between them (0: unknown; see `Topology::local_cpus`).
     pub local_cpus: usize,
+    /// The switch the communicator's tuner sets for its shared-memory ring writers.
+    pub stream_switch: stream_copy::StreamSwitch,
     /// Timeout, job key, interface filter, ring sizes.
     pub config: &'a Config,
 }
@@ -119,6 +122,8 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
             opts.ring_bytes =
                 cfg.shm_ring_bytes.unwrap_or_else(|| shm::default_ring_bytes(req.local_ranks, req.local_cpus));
             opts.cma = cfg.tuning.cma;
+            opts.stream = cfg.tuning.nt_stores;
+            opts.switch = req.stream_switch.clone();
             opts.key = cfg.job_key.clone();
             Ok(boxed(shm::connect_shm(&opts, req.store)?, cfg.tuning))
         }

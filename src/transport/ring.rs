@@ -22,6 +22,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::stream_copy::{self, WriterStreaming};
+
 /// A long write publishes its progress in steps of this many bytes.
 const PUBLISH_BYTES: usize = 64 << 10;
 
@@ -145,6 +147,8 @@ pub struct RingWriter {
     head: u64,
     /// The reader's `tail` when last looked at; it only grows.
     seen_tail: u64,
+    /// Plain or streaming stores for large writes.
+    stream: WriterStreaming,
 }
 
 /// The reading end of a ring. Exactly one exists per ring.
@@ -188,7 +192,7 @@ impl RingWriter {
         // SAFETY: forwarded contract.
         let view = unsafe { View::attach(mem, len, keep) }?;
         let (head, tail) = attach_counters(&view)?;
-        Ok(RingWriter { view, head, seen_tail: tail })
+        Ok(RingWriter { view, head, seen_tail: tail, stream: WriterStreaming::plain() })
     }
 
     /// Data bytes the ring holds when full.
@@ -223,6 +227,7 @@ impl RingWriter {
         if free < want {
             free = cap - self.used()?;
         }
+        let streamed = self.stream.pick(want.min(free));
         let v = &self.view;
         let hdr = v.hdr();
         let start = self.head;
@@ -238,10 +243,20 @@ impl RingWriter {
                 // SAFETY: at < cap and run <= cap - at, so [at, at+run) lies inside the
                 // data area (`cap` is this end's own validated copy); it is in the free
                 // part, which only this (single) writer touches until `head` is published.
-                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr().add(done), v.data.as_ptr().add(at), run) };
+                unsafe {
+                    let (src, dst) = (b.as_ptr().add(done), v.data.as_ptr().add(at));
+                    if streamed {
+                        stream_copy::copy_streaming(src, dst, run)
+                    } else {
+                        std::ptr::copy_nonoverlapping(src, dst, run)
+                    }
+                };
                 done += run;
                 pos += run as u64;
                 if done < n {
+                    if streamed {
+                        stream_copy::fence();
+                    }
                     hdr.head.0.store(pos, Ordering::Release);
                 }
             }
@@ -252,10 +267,18 @@ impl RingWriter {
         }
         let written = (pos - start) as usize;
         if written > 0 {
+            if streamed {
+                stream_copy::fence();
+            }
             self.head = pos;
             hdr.head.0.store(pos, Ordering::Release);
         }
         Ok(written)
+    }
+
+    /// How large writes are stored (see [`stream_copy`]); plain until set.
+    pub fn set_streaming(&mut self, streaming: WriterStreaming) {
+        self.stream = streaming;
     }
 
     /// Bytes that can be written now (0 when the reader's counter is corrupt:

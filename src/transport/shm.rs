@@ -50,6 +50,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::ring::{RingReader, RingWriter};
+pub use super::stream_copy::{StreamPolicy, StreamSwitch};
 use super::{Link, TransportKind};
 use crate::auth::JobKey;
 use crate::bootstrap::Store;
@@ -126,6 +127,10 @@ pub struct ShmOptions {
     /// Whether plain buffers may be read with `process_vm_readv` (`BRAID_CMA=1`):
     /// only then is CMA probed and ptrace relaxed for the local peers.
     pub cma: bool,
+    /// Whether large ring writes use non-temporal stores (`BRAID_NT_STORES`).
+    pub stream: StreamPolicy,
+    /// Under [`StreamPolicy::Auto`], the communicator's switch the writers follow.
+    pub switch: StreamSwitch,
     /// The job key both ends of each segment prove (none: the exchange runs with
     /// the empty key and proves nothing).
     pub key: JobKey,
@@ -143,6 +148,8 @@ impl ShmOptions {
             timeout: crate::config::DEFAULT_TIMEOUT,
             ring_bytes: SHM_RING_BYTES,
             cma: false,
+            stream: StreamPolicy::Auto,
+            switch: StreamSwitch::default(),
             key: JobKey::none(),
         }
     }

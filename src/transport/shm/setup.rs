@@ -27,6 +27,7 @@ use crate::auth::{self, Challenge, JobKey, Role};
 use crate::bootstrap::Store;
 use crate::error::{Error, OpContext, Result};
 use crate::transport::ring::{self, RingReader, RingWriter};
+use crate::transport::stream_copy::WriterStreaming;
 
 pub(super) fn setup_ctx(rank: usize) -> OpContext {
     OpContext { rank, call: None, seq: 0 }
@@ -61,6 +62,8 @@ pub(super) struct Setup {
     pub authenticated: bool,
     /// Whether this side wants CMA (it probes only then).
     cma: bool,
+    /// How this side's ring writer stores large writes.
+    streaming: WriterStreaming,
     /// This side said it may be probed.
     ready: bool,
     probed: bool,
@@ -192,10 +195,12 @@ impl Setup {
             unsafe { (RingWriter::attach(tx_at, tx_len, keep.clone()), RingReader::attach(rx_at, rx_len, keep)) };
         let h = self.map.header();
         let cma = h.probe_result.iter().all(|r| r.load(Ordering::Acquire) == PROBE_OK);
+        let mut tx = tx.map_err(what)?;
+        tx.set_streaming(self.streaming);
         Ok(ShmLink {
             peer: self.peer,
             peer_pid: self.peer_pid,
-            tx: tx.map_err(what)?,
+            tx,
             rx: rx.map_err(what)?,
             watch: self.watch.unwrap_or_else(|| PeerWatch::new(self.peer_pid)),
             last_check: Instant::now(),
@@ -322,6 +327,7 @@ pub(super) fn create(opts: &ShmOptions, peer: usize, store: &dyn Store) -> Resul
         challenge,
         authenticated: false,
         cma: opts.cma,
+        streaming: WriterStreaming::new(opts.stream, opts.switch.clone()),
         ready: false,
         probed: false,
         file_offered: false,
@@ -458,6 +464,7 @@ fn attach_open(opts: &ShmOptions, peer: usize, file: File, desc: &str, id: Optio
         challenge,
         authenticated: false,
         cma: opts.cma,
+        streaming: WriterStreaming::new(opts.stream, opts.switch.clone()),
         ready: false,
         probed: false,
         file_offered: false,

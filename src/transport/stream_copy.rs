@@ -1,0 +1,317 @@
+//! Copies into a shared-memory ring: plain (through the writer's cache) or with
+//! non-temporal stores (straight to memory), chosen by what each achieves.
+//!
+//! Which is faster depends on where the two cores sit, and on a VM that changes
+//! while a job runs. With the cores sharing a cache, a plain copy leaves the data
+//! where the reader finds it at once. When the host moves the vCPUs apart (this
+//! VM: a core-to-core round trip going from about 60 ns to 330 ns for tens of
+//! seconds at a time), every line the reader pulls out of the writer's cache and
+//! every line the writer takes back costs a remote transfer, and 2-rank all-reduce
+//! fell from 7 to 1.3 GB/s at 64 MiB and from 19 to 2 GB/s at 1 MiB; streaming
+//! stores measured 6.3–7.6 and 10–11.7 GB/s there (and 5 and 8 GB/s with the cores
+//! together). So [`CallTuner`] times whole calls made each way and has the ring
+//! writers use the faster, retrying the other now and then since the machine changes.
+//! (results/stream-stores-2026-11-24.md)
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Whether large ring writes use non-temporal stores (`BRAID_NT_STORES`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamPolicy {
+    /// Time both kinds of copy and use the faster (the default).
+    #[default]
+    Auto,
+    /// Always stream large writes.
+    On,
+    /// Never stream.
+    Off,
+}
+
+impl FromStr for StreamPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(StreamPolicy::Auto),
+            "1" | "on" | "yes" | "true" => Ok(StreamPolicy::On),
+            "0" | "off" | "no" | "false" => Ok(StreamPolicy::Off),
+            other => Err(format!("`{other}` is not auto, on or off")),
+        }
+    }
+}
+
+/// Writes at least this long are candidates for streaming: smaller ones are read
+/// back while still in cache, where a plain copy always wins.
+pub const STREAM_MIN_BYTES: usize = 256 << 10;
+/// One call in this many (per size class) tries the kind of copy now losing: at
+/// most about 2% of calls pay for a worse kind (it costs up to 2.3x here).
+const EXPLORE_EVERY: u32 = 64;
+/// Samples kept per kind and size class; a kind's rate is the best of them, since
+/// noise on a shared machine only ever slows a call down.
+const SAMPLES: usize = 3;
+/// Size classes: powers of two from [`STREAM_MIN_BYTES`] up (the last takes the rest).
+const CLASSES: usize = 14;
+
+fn class_of(bytes: usize) -> usize {
+    ((bytes.max(STREAM_MIN_BYTES) / STREAM_MIN_BYTES).ilog2() as usize).min(CLASSES - 1)
+}
+
+/// The switch a communicator's ring writers follow under [`StreamPolicy::Auto`]:
+/// set by its [`CallTuner`] before each large call.
+#[derive(Clone, Debug, Default)]
+pub struct StreamSwitch(Arc<AtomicBool>);
+
+/// Two switches are equal when they are the same switch.
+impl PartialEq for StreamSwitch {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for StreamSwitch {}
+
+impl StreamSwitch {
+    /// Whether large writes stream now.
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, on: bool) {
+        self.0.store(on, Ordering::Relaxed);
+    }
+}
+
+/// How one ring writer decides: a fixed policy, or the communicator's switch.
+#[derive(Clone, Debug)]
+pub struct WriterStreaming {
+    policy: StreamPolicy,
+    switch: StreamSwitch,
+}
+
+impl WriterStreaming {
+    /// Follow `policy`, and under `Auto` the state of `switch`.
+    pub fn new(policy: StreamPolicy, switch: StreamSwitch) -> WriterStreaming {
+        WriterStreaming { policy, switch }
+    }
+
+    /// Plain stores always.
+    pub fn plain() -> WriterStreaming {
+        WriterStreaming::new(StreamPolicy::Off, StreamSwitch::default())
+    }
+
+    /// Whether a write of `len` bytes streams.
+    pub fn pick(&self, len: usize) -> bool {
+        len >= STREAM_MIN_BYTES
+            && cfg!(target_arch = "x86_64")
+            && match self.policy {
+                StreamPolicy::On => true,
+                StreamPolicy::Off => false,
+                StreamPolicy::Auto => self.switch.get(),
+            }
+    }
+}
+
+/// Chooses, per size class of call, between plain and streaming ring writes from
+/// the time whole calls take: only that counts both the writer's copy and the
+/// reader's (a writer timing its own copies finds streaming faster even where the
+/// reader then loses more, fetching the data from memory instead of a cache).
+#[derive(Debug)]
+pub struct CallTuner {
+    switch: StreamSwitch,
+    /// The latest rates, bytes per second, of each kind (index 0 plain, 1
+    /// streaming) per class; 0 where not yet measured.
+    samples: [[[f64; SAMPLES]; 2]; CLASSES],
+    calls: [u32; CLASSES],
+}
+
+/// A call being timed by [`CallTuner::begin`].
+#[derive(Debug)]
+pub struct Timed {
+    class: usize,
+    streamed: bool,
+    bytes: usize,
+    started: Instant,
+}
+
+impl CallTuner {
+    /// A tuner setting `switch`.
+    pub fn new(switch: StreamSwitch) -> CallTuner {
+        CallTuner { switch, samples: [[[0.0; SAMPLES]; 2]; CLASSES], calls: [0; CLASSES] }
+    }
+
+    /// Choose for a call moving `bytes` per rank and set the switch; `None` for
+    /// calls too small to stream.
+    pub fn begin(&mut self, bytes: usize) -> Option<Timed> {
+        if bytes < STREAM_MIN_BYTES {
+            return None;
+        }
+        let class = class_of(bytes);
+        self.calls[class] = self.calls[class].wrapping_add(1);
+        let n = self.calls[class];
+        // The first call of a class pays for cold caches and page faults whatever
+        // the kind, so it is not timed.
+        if n == 1 {
+            self.switch.set(false);
+            return None;
+        }
+        // Then each kind is measured SAMPLES times, alternating; then the faster,
+        // with the other retried now and then since the machine changes under a job.
+        let streamed = if n <= 1 + 2 * SAMPLES as u32 {
+            n % 2 == 1
+        } else {
+            let [plain, streaming] = self.best(class);
+            (streaming > plain) != (n % EXPLORE_EVERY == 0)
+        };
+        self.switch.set(streamed);
+        Some(Timed { class, streamed, bytes, started: Instant::now() })
+    }
+
+    /// Record a call that completed.
+    pub fn end(&mut self, t: Timed) {
+        self.record(t.class, t.streamed, t.bytes as f64 / t.started.elapsed().as_secs_f64().max(1e-9));
+    }
+
+    fn record(&mut self, class: usize, streamed: bool, sample: f64) {
+        let kept = &mut self.samples[class][usize::from(streamed)];
+        kept.rotate_right(1);
+        kept[0] = sample;
+    }
+
+    fn best(&self, class: usize) -> [f64; 2] {
+        self.samples[class].map(|kept| kept.iter().copied().fold(0.0, f64::max))
+    }
+
+    /// The rates measured so far for calls of `bytes` (plain, streaming), bytes per second.
+    pub fn rates(&self, bytes: usize) -> [f64; 2] {
+        self.best(class_of(bytes))
+    }
+}
+
+/// Copy `len` bytes from `src` to `dst`, with non-temporal stores where the
+/// destination is 16-byte aligned; the caller issues [`fence`] before it
+/// publishes the data.
+///
+/// # Safety
+/// `src` is valid for `len` bytes of reads, `dst` for `len` bytes of writes, and
+/// the ranges do not overlap.
+pub unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let head = ((16 - (dst as usize) % 16) % 16).min(len);
+        // SAFETY: the first `head` bytes of both ranges (caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+        let mut i = head;
+        while i + 64 <= len {
+            // SAFETY: [i, i + 64) lies inside both ranges; dst + i is 16-aligned
+            // (dst + head is, and i - head is a multiple of 64); loads are unaligned.
+            unsafe {
+                let s = src.add(i) as *const __m128i;
+                let d = dst.add(i) as *mut __m128i;
+                let (a, b, c, e) = (
+                    _mm_loadu_si128(s),
+                    _mm_loadu_si128(s.add(1)),
+                    _mm_loadu_si128(s.add(2)),
+                    _mm_loadu_si128(s.add(3)),
+                );
+                _mm_stream_si128(d, a);
+                _mm_stream_si128(d.add(1), b);
+                _mm_stream_si128(d.add(2), c);
+                _mm_stream_si128(d.add(3), e);
+            }
+            i += 64;
+        }
+        // SAFETY: the remaining tail of both ranges.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, len)
+    }
+}
+
+/// Order streaming stores before later stores (the publishing of `head`):
+/// non-temporal stores are not ordered by a release store alone.
+pub fn fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` has no preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_copies_are_exact_at_every_alignment_and_length() {
+        let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for off in [0usize, 1, 7, 15, 16, 33] {
+            for len in [0usize, 1, 15, 16, 63, 64, 65, 200, 4096, 4900] {
+                let mut dst = vec![0xeeu8; 5100];
+                // SAFETY: both ranges are inside their vectors and distinct.
+                unsafe { copy_streaming(src.as_ptr().add(off % 3), dst.as_mut_ptr().add(off), len) };
+                fence();
+                assert_eq!(&dst[off..off + len], &src[off % 3..off % 3 + len], "off {off} len {len}");
+                assert!(dst[..off].iter().chain(&dst[off + len..]).all(|&b| b == 0xee), "off {off} len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_tuner_measures_both_then_follows_the_faster_and_still_explores() {
+        let switch = StreamSwitch::default();
+        let mut t = CallTuner::new(switch.clone());
+        assert!(t.begin(STREAM_MIN_BYTES - 1).is_none(), "small calls are not tuned");
+        let big = 4 * STREAM_MIN_BYTES;
+        assert!(t.begin(big).is_none() && !switch.get(), "the first call of a class is cold: plain, untimed");
+        // Calls 2..=7 alternate plain and streaming; streaming measures 4x faster,
+        // one slow outlier notwithstanding (the best of the kept samples counts).
+        for (i, rate) in [1e9, 4e9, 1e9, 0.5e9, 1e9, 4e9].into_iter().enumerate() {
+            let c = t.begin(big).unwrap();
+            assert_eq!(c.streamed, i % 2 == 1, "call {}", i + 2);
+            assert_eq!(switch.get(), c.streamed);
+            t.record(c.class, c.streamed, rate);
+        }
+        assert_eq!(t.rates(big), [1e9, 4e9]);
+        // Calls 8..=135: streaming, plain retried at 64 and 128 only.
+        let picks: Vec<bool> = (0..EXPLORE_EVERY * 2).map(|_| t.begin(big).unwrap().streamed).collect();
+        assert_eq!(picks.iter().filter(|&&s| !s).count(), 2, "plain retried once per {EXPLORE_EVERY}");
+        // The machine changes: three slow streaming calls push out the fast samples.
+        for _ in 0..SAMPLES {
+            t.record(class_of(big), true, 1e8);
+        }
+        assert_eq!(t.rates(big), [1e9, 1e8]);
+        let picks: Vec<bool> = (0..EXPLORE_EVERY * 2).map(|_| t.begin(big).unwrap().streamed).collect();
+        assert_eq!(picks.iter().filter(|&&s| s).count(), 2);
+        // Another size class knows nothing yet.
+        assert!(t.begin(64 * STREAM_MIN_BYTES).is_none());
+        // A timed call records its own rate.
+        let timed = t.begin(big).unwrap();
+        let before = t.rates(big);
+        t.end(timed);
+        assert_ne!(t.samples[class_of(big)], [[1e9; SAMPLES], [1e8; SAMPLES]]);
+        assert!(t.rates(big)[0] >= before[0] && t.rates(big)[1] >= before[1]);
+    }
+
+    #[test]
+    fn writers_follow_their_policy_or_the_switch_and_policies_parse() {
+        let switch = StreamSwitch::default();
+        let auto = WriterStreaming::new(StreamPolicy::Auto, switch.clone());
+        let on = WriterStreaming::new(StreamPolicy::On, StreamSwitch::default());
+        assert!(!auto.pick(1 << 30));
+        switch.set(true);
+        assert_eq!(auto.pick(1 << 30), cfg!(target_arch = "x86_64"));
+        assert!(!auto.pick(STREAM_MIN_BYTES - 1));
+        assert_eq!(on.pick(STREAM_MIN_BYTES), cfg!(target_arch = "x86_64"));
+        assert!(!WriterStreaming::plain().pick(1 << 30));
+        assert_eq!("ON".parse::<StreamPolicy>(), Ok(StreamPolicy::On));
+        assert_eq!("0".parse::<StreamPolicy>(), Ok(StreamPolicy::Off));
+        assert_eq!("".parse::<StreamPolicy>(), Ok(StreamPolicy::Auto));
+        assert!("sometimes".parse::<StreamPolicy>().is_err());
+    }
+}
