@@ -19,12 +19,19 @@ PRIO=${PRIO:-}
 CONFIGS=${CONFIGS:-ar2 ar2reg ar4 bc2 ag2 rs2}
 SIZES=${SIZES:-4096,65536,1048576,16777216,67108864}
 mkdir -p "$OUT"
+# The VM host now and then moves the two vCPUs apart (core-to-core round trip
+# ~55 ns -> ~330 ns) for tens of seconds; every run records the round trip
+# measured just before it, and the summary compares runs of the same state.
+PROBE=$OUT/core_pingpong
+gcc -O2 -pthread -o "$PROBE" "$(dirname "$0")/probe/core_pingpong.c"
+state() { "$PROBE" | sed 's/.*pingpong \([0-9]*\) ns.*/\1/' > "$OUT/state-$1.txt"; }
 braid_op() { case $1 in ar*) echo all-reduce;; bc*) echo broadcast;; ag*) echo all-gather;; rs*) echo reduce-scatter;; a2a*) echo all-to-all;; esac; }
 mpi_op() { case $1 in ar*) echo allreduce;; bc*) echo bcast;; ag*) echo allgather;; rs*) echo reducescatter;; *) echo none;; esac; }
 ranks() { case $1 in *4*) echo 4;; *) echo 2;; esac; }
 braid() { # config round
   local c=$1 r=$2 extra="" f="$OUT/braid-$1-r$2.jsonl"
   [ "$c" = ar2reg ] && extra=--registered
+  state "braid-$c-r$r"
   : > "$f"
   for s in ${SIZES//,/ }; do
     $PRIO "$BIN" perf --op "$(braid_op "$c")" --ranks "$(ranks "$c")" -b "$s" -e "$s" -n "$ITERS" -w 10 -c 1 $extra \
@@ -36,6 +43,7 @@ mpi() { # config round
   local c=$1 r=$2 op
   op=$(mpi_op "$c")
   [ "$op" = none ] || [ "$c" = ar2reg ] && return 0
+  state "mpi-$c-r$r"
   $PRIO mpirun --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo -np "$(ranks "$c")" "$MPI" --op "$op" \
     --label sm --mode inplace --sizes "$SIZES" --iters "$ITERS" > "$OUT/mpi-$c-r$r.jsonl" 2>/dev/null \
     || echo "FAILED mpi $c round $r"

@@ -1,12 +1,28 @@
 #!/usr/bin/env python3
 """Per configuration and size: braid's and Open MPI's median time (µs) and busbw
 (GB/s) over the rounds of results/vs_mpi.sh, and braid/Open MPI of the busbw
-medians (above 1: braid is faster). ar2reg is compared with ar2's Open MPI."""
+medians (above 1: braid is faster). ar2reg is compared with ar2's Open MPI.
+With --by-state, runs are also grouped by the host state recorded before each
+(core-to-core round trip above 150 ns: "apart", else "together")."""
 import glob, json, os, statistics, sys
-out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/braid-vs"
+args = [a for a in sys.argv[1:] if a != "--by-state"]
+by_state = "--by-state" in sys.argv
+out = args[0] if args else "/tmp/braid-vs"
 rows = {}
+
+
+def state_of(stem):
+    try:
+        rt = int(open(f"{out}/state-{stem}.txt").read().strip())
+    except (OSError, ValueError):
+        return "?"
+    return "apart" if rt > 150 else "together"
+
 for f in glob.glob(f"{out}/*.jsonl"):
-    who, cfg, rnd = os.path.basename(f)[:-6].split("-")
+    stem = os.path.basename(f)[:-6]
+    who, cfg, rnd = stem.split("-")
+    if by_state:
+        cfg = f"{cfg} ({state_of(stem)})"
     for line in open(f):
         line = line.strip()
         if not line.startswith("{"):
@@ -20,9 +36,9 @@ for f in glob.glob(f"{out}/*.jsonl"):
 print("| config | size | braid µs | Open MPI µs | braid busbw | Open MPI busbw | braid/OMPI busbw | runs |")
 print("|---|---|---|---|---|---|---|---|")
 order = ["ar2", "ar2reg", "ar4", "bc2", "ag2", "rs2", "a2a2"]
-for (cfg, b) in sorted(rows, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[1])):
+for (cfg, b) in sorted(rows, key=lambda k: (order.index(k[0].split()[0]) if k[0].split()[0] in order else 99, k[1], k[0])):
     r = rows[(cfg, b)]
-    mpi = r.get("mpi") or rows.get(("ar2" if cfg == "ar2reg" else cfg, b), {}).get("mpi") or []
+    mpi = r.get("mpi") or rows.get((cfg.replace("ar2reg", "ar2"), b), {}).get("mpi") or []
     br = r.get("braid", [])
     if not br:
         continue
