@@ -21,8 +21,9 @@
 //! `auto` is the default. It waited on the executor's wait policy: a bound rank
 //! beside a busy loop used to take its core's few CPUs for "more ranks than cores"
 //! and yield its slice to the loop on every poll (4 KiB all-reduce about 4 ms). The
-//! policy now counts the CPUs the host's ranks had before binding, and bound ranks
-//! are ahead of unbound ones under load too (results/busy-2026-11-24.md).
+//! policy now counts the CPUs the host's ranks had before binding: beside one busy
+//! loop, bound ranks took 0.48–0.55x Open MPI's time at 64 KiB and 1 MiB (unbound
+//! ones 0.42–0.47x), and 4 KiB is about even (results/busy-2026-11-24.md).
 //!
 //! The deciding is pure ([`plan`]) and tested on made-up machines; [`apply`] reads
 //! this machine and sets the calling thread's affinity (threads it starts later,
