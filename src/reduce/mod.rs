@@ -311,42 +311,58 @@ pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
 /// elsewhere): for pieces of a destination that as a whole is far larger than the cache.
 pub fn copy_nontemporal(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_nontemporal needs equal lengths");
+    // SAFETY: two distinct live slices of equal length (one is `&mut`).
+    unsafe { copy_nontemporal_raw(dst.as_mut_ptr(), src.as_ptr(), dst.len()) }
+}
+
+/// [`copy_nontemporal`] on raw pointers, for memory no Rust reference may cover
+/// (a shared-memory ring another process maps). Ends with a store fence, so the
+/// copied bytes are ordered before any later store that publishes them.
+///
+/// # Safety
+/// `src` is valid for `len` bytes of reads and `dst` for `len` bytes of writes,
+/// and the two ranges do not overlap.
+pub unsafe fn copy_nontemporal_raw(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: SSE2 is part of the x86-64 baseline; lengths are equal.
+    // SAFETY: SSE2 is part of the x86-64 baseline; the ranges are the caller's.
     unsafe {
-        stream_copy_sse2(dst, src)
+        stream_copy_sse2(dst, src, len)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    dst.copy_from_slice(src);
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, len)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-unsafe fn stream_copy_sse2(dst: &mut [u8], src: &[u8]) {
+unsafe fn stream_copy_sse2(dst: *mut u8, src: *const u8, n: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-    let n = dst.len();
     // Streaming stores need 16-byte aligned destinations: copy the head normally.
-    let head = dst.as_ptr().align_offset(16).min(n);
-    dst[..head].copy_from_slice(&src[..head]);
+    let head = dst.align_offset(16).min(n);
+    // SAFETY (all blocks below): every range lies inside [0, n) of both buffers,
+    // which the caller vouches for; d + i is 16-byte aligned for the stores.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
     let body = (n - head) / 64 * 64;
-    let d = dst.as_mut_ptr().add(head);
-    let s = src.as_ptr().add(head);
+    let (d, s) = unsafe { (dst.add(head), src.add(head)) };
     let mut i = 0;
     while i < body {
-        // SAFETY: i + 64 <= body, inside both slices; d + i is 16-byte aligned.
-        let a = _mm_loadu_si128(s.add(i) as *const __m128i);
-        let b = _mm_loadu_si128(s.add(i + 16) as *const __m128i);
-        let c = _mm_loadu_si128(s.add(i + 32) as *const __m128i);
-        let e = _mm_loadu_si128(s.add(i + 48) as *const __m128i);
-        _mm_stream_si128(d.add(i) as *mut __m128i, a);
-        _mm_stream_si128(d.add(i + 16) as *mut __m128i, b);
-        _mm_stream_si128(d.add(i + 32) as *mut __m128i, c);
-        _mm_stream_si128(d.add(i + 48) as *mut __m128i, e);
+        unsafe {
+            let a = _mm_loadu_si128(s.add(i) as *const __m128i);
+            let b = _mm_loadu_si128(s.add(i + 16) as *const __m128i);
+            let c = _mm_loadu_si128(s.add(i + 32) as *const __m128i);
+            let e = _mm_loadu_si128(s.add(i + 48) as *const __m128i);
+            _mm_stream_si128(d.add(i) as *mut __m128i, a);
+            _mm_stream_si128(d.add(i + 16) as *mut __m128i, b);
+            _mm_stream_si128(d.add(i + 32) as *mut __m128i, c);
+            _mm_stream_si128(d.add(i + 48) as *mut __m128i, e);
+        }
         i += 64;
     }
     // Order the streaming stores before anything that publishes the data.
     _mm_sfence();
-    dst[head + body..].copy_from_slice(&src[head + body..]);
+    unsafe { std::ptr::copy_nonoverlapping(s.add(body), d.add(body), n - head - body) };
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::stream_copy::{self, WriterStreaming};
+use super::stream_copy::WriterStreaming;
 
 /// A long write publishes its progress in steps of this many bytes.
 const PUBLISH_BYTES: usize = 64 << 10;
@@ -246,7 +246,8 @@ impl RingWriter {
                 unsafe {
                     let (src, dst) = (b.as_ptr().add(done), v.data.as_ptr().add(at));
                     if streamed {
-                        stream_copy::copy_streaming(src, dst, run)
+                        // Ends with a store fence: the data is ordered before `head`.
+                        crate::reduce::copy_nontemporal_raw(dst, src, run)
                     } else {
                         std::ptr::copy_nonoverlapping(src, dst, run)
                     }
@@ -254,9 +255,6 @@ impl RingWriter {
                 done += run;
                 pos += run as u64;
                 if done < n {
-                    if streamed {
-                        stream_copy::fence();
-                    }
                     hdr.head.0.store(pos, Ordering::Release);
                 }
             }
@@ -267,9 +265,6 @@ impl RingWriter {
         }
         let written = (pos - start) as usize;
         if written > 0 {
-            if streamed {
-                stream_copy::fence();
-            }
             self.head = pos;
             hdr.head.0.store(pos, Ordering::Release);
         }

@@ -9,7 +9,8 @@
 //! every line the writer takes back costs a remote transfer, and 2-rank all-reduce
 //! fell from 7 to 1.3 GB/s at 64 MiB and from 19 to 2 GB/s at 1 MiB; streaming
 //! stores measured 6.3–7.6 and 10–11.7 GB/s there (and 5 and 8 GB/s with the cores
-//! together). So [`CallTuner`] times whole calls made each way and has the ring
+//! together). The streaming copy is [`crate::reduce::copy_nontemporal`]. So
+//! [`CallTuner`] times whole calls made each way and has the ring
 //! writers use the faster, retrying the other now and then since the machine changes.
 //! (results/stream-stores-2026-11-24.md)
 
@@ -189,78 +190,9 @@ impl CallTuner {
     }
 }
 
-/// Copy `len` bytes from `src` to `dst`, with non-temporal stores where the
-/// destination is 16-byte aligned; the caller issues [`fence`] before it
-/// publishes the data.
-///
-/// # Safety
-/// `src` is valid for `len` bytes of reads, `dst` for `len` bytes of writes, and
-/// the ranges do not overlap.
-pub unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        let head = ((16 - (dst as usize) % 16) % 16).min(len);
-        // SAFETY: the first `head` bytes of both ranges (caller's contract).
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-        let mut i = head;
-        while i + 64 <= len {
-            // SAFETY: [i, i + 64) lies inside both ranges; dst + i is 16-aligned
-            // (dst + head is, and i - head is a multiple of 64); loads are unaligned.
-            unsafe {
-                let s = src.add(i) as *const __m128i;
-                let d = dst.add(i) as *mut __m128i;
-                let (a, b, c, e) = (
-                    _mm_loadu_si128(s),
-                    _mm_loadu_si128(s.add(1)),
-                    _mm_loadu_si128(s.add(2)),
-                    _mm_loadu_si128(s.add(3)),
-                );
-                _mm_stream_si128(d, a);
-                _mm_stream_si128(d.add(1), b);
-                _mm_stream_si128(d.add(2), c);
-                _mm_stream_si128(d.add(3), e);
-            }
-            i += 64;
-        }
-        // SAFETY: the remaining tail of both ranges.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    // SAFETY: the caller's contract.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, dst, len)
-    }
-}
-
-/// Order streaming stores before later stores (the publishing of `head`):
-/// non-temporal stores are not ordered by a release store alone.
-pub fn fence() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `sfence` has no preconditions.
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn streaming_copies_are_exact_at_every_alignment_and_length() {
-        let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
-        for off in [0usize, 1, 7, 15, 16, 33] {
-            for len in [0usize, 1, 15, 16, 63, 64, 65, 200, 4096, 4900] {
-                let mut dst = vec![0xeeu8; 5100];
-                // SAFETY: both ranges are inside their vectors and distinct.
-                unsafe { copy_streaming(src.as_ptr().add(off % 3), dst.as_mut_ptr().add(off), len) };
-                fence();
-                assert_eq!(&dst[off..off + len], &src[off % 3..off % 3 + len], "off {off} len {len}");
-                assert!(dst[..off].iter().chain(&dst[off + len..]).all(|&b| b == 0xee), "off {off} len {len}");
-            }
-        }
-    }
 
     #[test]
     fn the_tuner_measures_both_then_follows_the_faster_and_still_explores() {
