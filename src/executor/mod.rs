@@ -67,7 +67,7 @@ pub struct WaitPolicy {
 /// core (with a busy loop beside a 2-rank job, 2 ms of polling left ranks
 /// sleeping every slice and 1 MiB all-reduce took 11x Open MPI's time; 20 ms
 /// matched it), short enough that a peer that is really computing costs a
-/// waiting rank at most this much CPU before it backs off.
+/// waiting rank about this much CPU (then 2 ms of yielding) before it sleeps.
 pub const DEFAULT_SPIN: Duration = Duration::from_millis(20);
 
 impl WaitPolicy {

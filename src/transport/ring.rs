@@ -271,7 +271,7 @@ impl RingWriter {
         Ok(written)
     }
 
-    /// How large writes are stored (see [`stream_copy`]); plain until set.
+    /// How large writes are stored (see [`super::stream_copy`]); plain until set.
     pub fn set_streaming(&mut self, streaming: WriterStreaming) {
         self.stream = streaming;
     }
