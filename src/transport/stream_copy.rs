@@ -171,7 +171,9 @@ impl CallTuner {
 
     /// Record a call that completed.
     pub fn end(&mut self, t: Timed) {
-        self.record(t.class, t.streamed, t.bytes as f64 / t.started.elapsed().as_secs_f64().max(1e-9));
+        let rate = t.bytes as f64 / t.started.elapsed().as_secs_f64().max(1e-9);
+        self.record(t.class, t.streamed, rate);
+        tracing::trace!(class = t.class, streamed = t.streamed, gbps = rate / 1e9, best = ?self.best(t.class), "timed a call");
     }
 
     fn record(&mut self, class: usize, streamed: bool, sample: f64) {
