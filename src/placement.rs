@@ -167,6 +167,16 @@ pub fn online_cpus() -> usize {
     }
 }
 
+/// `cpus` when known (non-zero), else the machine's online CPUs: what a count of
+/// 0 ("unknown", as in `Topology::local_cpus`) stands for.
+pub fn cpus_or_online(cpus: usize) -> usize {
+    if cpus == 0 {
+        online_cpus()
+    } else {
+        cpus
+    }
+}
+
 /// The largest CPU number a list may name: lists also come from peers (through
 /// the store), so a range is bounded before it is expanded.
 const MAX_CPU: usize = 1 << 16;

@@ -75,7 +75,7 @@ impl WaitPolicy {
     /// unknown, taken as the machine's), polling for `spin`: yield while spinning
     /// when the ranks outnumber the cores.
     pub fn new(local_ranks: usize, cores: usize, spin: Duration) -> WaitPolicy {
-        let cores = if cores == 0 { crate::placement::online_cpus() } else { cores };
+        let cores = crate::placement::cpus_or_online(cores);
         WaitPolicy { spin, yield_while_spinning: local_ranks > cores }
     }
 

@@ -341,13 +341,15 @@ unsafe fn stream_copy_sse2(dst: *mut u8, src: *const u8, n: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     // Streaming stores need 16-byte aligned destinations: copy the head normally.
     let head = dst.align_offset(16).min(n);
-    // SAFETY (all blocks below): every range lies inside [0, n) of both buffers,
-    // which the caller vouches for; d + i is 16-byte aligned for the stores.
+    // SAFETY: head <= n, inside both ranges (the caller's contract).
     unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
     let body = (n - head) / 64 * 64;
+    // SAFETY: head <= n: the offsets stay inside both ranges.
     let (d, s) = unsafe { (dst.add(head), src.add(head)) };
     let mut i = 0;
     while i < body {
+        // SAFETY: i + 64 <= body <= n - head, inside both ranges; d + i is 16-byte
+        // aligned (d is, and i is a multiple of 64); the loads are unaligned.
         unsafe {
             let a = _mm_loadu_si128(s.add(i) as *const __m128i);
             let b = _mm_loadu_si128(s.add(i + 16) as *const __m128i);
@@ -362,6 +364,7 @@ unsafe fn stream_copy_sse2(dst: *mut u8, src: *const u8, n: usize) {
     }
     // Order the streaming stores before anything that publishes the data.
     _mm_sfence();
+    // SAFETY: the last n - head - body bytes of both ranges.
     unsafe { std::ptr::copy_nonoverlapping(s.add(body), d.add(body), n - head - body) };
 }
 

@@ -90,7 +90,7 @@ pub const SHM_RING_BYTES_MIN: usize = 256 << 10;
 /// process's affinity: a rank bound to one core is not oversubscribed when its
 /// peers have cores of their own.
 pub fn default_ring_bytes(local_ranks: usize, cores: usize) -> usize {
-    let cores = if cores == 0 { crate::placement::online_cpus() } else { cores };
+    let cores = crate::placement::cpus_or_online(cores);
     let wanted = if local_ranks > cores { SHM_RING_BYTES_OVERSUBSCRIBED } else { SHM_RING_BYTES };
     let share = SHM_RING_BUDGET / local_ranks.saturating_sub(1).max(1);
     // A multiple of the page size, as segment set-up requires.
