@@ -6,7 +6,7 @@
 //! left waiting on one that will never come.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 
 use super::engine::Engine;
@@ -18,8 +18,14 @@ pub(super) struct Shared {
     pub(super) rank: usize,
     pub(super) engine: Mutex<Engine>,
     next_ticket: AtomicU64,
-    /// (ticket now being served, threads waiting for their turn).
-    serving: Mutex<(u64, usize)>,
+    /// The ticket now being served. Read without a lock when a call starts (the
+    /// common case: its turn has come), advanced only by the call being served.
+    serving: AtomicU64,
+    /// Threads blocked on `turn`, so passing the turn wakes someone only when needed.
+    waiting: AtomicUsize,
+    /// Held while a thread decides to wait and while the turn's waiters are woken,
+    /// so no wakeup falls between a waiter's last look and its sleep.
+    wait_lock: Mutex<()>,
     turn: Condvar,
     /// The flag the engine and the executor read; set once, never cleared.
     pub(super) aborted: Arc<AtomicBool>,
@@ -30,13 +36,12 @@ struct PassTurn<'a>(&'a Shared);
 
 impl Drop for PassTurn<'_> {
     fn drop(&mut self) {
-        let waiting = {
-            let mut serving = self.0.serving.lock().unwrap_or_else(|e| e.into_inner());
-            serving.0 += 1;
-            serving.1
-        };
+        // SeqCst on both sides (here and in `wait_for_turn`): either this load sees
+        // the waiter's count, or the waiter's look at `serving` sees this increment.
+        self.0.serving.fetch_add(1, Ordering::SeqCst);
         // Waking costs a system call: only when a thread waits for its turn.
-        if waiting > 0 {
+        if self.0.waiting.load(Ordering::SeqCst) > 0 {
+            drop(self.0.wait_lock.lock().unwrap_or_else(|e| e.into_inner()));
             self.0.turn.notify_all();
         }
     }
@@ -59,7 +64,9 @@ impl Shared {
             rank: engine.rank,
             engine: Mutex::new(engine),
             next_ticket: AtomicU64::new(0),
-            serving: Mutex::new((0, 0)),
+            serving: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            wait_lock: Mutex::new(()),
             turn: Condvar::new(),
             aborted,
         }
@@ -96,21 +103,10 @@ impl Shared {
         call: Option<CallSig>,
         f: impl FnOnce(&mut Engine) -> Result<R>,
     ) -> Result<R> {
-        let mut serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            // Read under `serving`, which abort() takes after setting the flag: no
-            // wakeup is lost between this check and the wait.
-            if self.aborted.load(Ordering::Relaxed) {
-                return Err(self.aborted_error(call));
-            }
-            if serving.0 == ticket {
-                break;
-            }
-            serving.1 += 1;
-            serving = self.turn.wait(serving).unwrap_or_else(|e| e.into_inner());
-            serving.1 -= 1;
+        // A call whose turn has come (the common case) takes no lock to see it.
+        if self.serving.load(Ordering::Acquire) != ticket || self.aborted.load(Ordering::Relaxed) {
+            self.wait_for_turn(ticket, call)?;
         }
-        drop(serving);
         let _pass = PassTurn(self);
         let mut engine = self.lock_engine();
         match catch_unwind(AssertUnwindSafe(|| f(&mut engine))) {
@@ -129,12 +125,32 @@ impl Shared {
         }
     }
 
+    /// Block until `ticket` is served, or the communicator is aborted.
+    #[cold]
+    fn wait_for_turn(&self, ticket: u64, call: Option<CallSig>) -> Result<()> {
+        let mut guard = self.wait_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let r = loop {
+            // Read under `wait_lock`, which abort() takes after setting the flag and
+            // a passing turn takes before waking: no wakeup is lost before the wait.
+            if self.aborted.load(Ordering::SeqCst) {
+                break Err(self.aborted_error(call));
+            }
+            if self.serving.load(Ordering::SeqCst) == ticket {
+                break Ok(());
+            }
+            guard = self.turn.wait(guard).unwrap_or_else(|e| e.into_inner());
+        };
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
     /// Abort: later calls and calls waiting for their turn return
     /// [`Error::Aborted`] at once, the call in flight within its executor's next
     /// pass, and the peers are sent an abort frame.
     pub(super) fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
-        drop(self.serving.lock().unwrap_or_else(|e| e.into_inner()));
+        drop(self.wait_lock.lock().unwrap_or_else(|e| e.into_inner()));
         self.turn.notify_all();
         // Idle engine: tell the peers now. A busy one tells them when its call
         // returns (`in_turn` above); never wait for it here.

@@ -372,7 +372,9 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
     // the first passes never pays for it.
     let mut last_progress: Option<Instant> = None;
     let mut sleep = Duration::from_micros(5);
-    let mut spinning_passes = 0u32;
+    // The first idle passes do not read the clock either: most small transfers
+    // complete within them, and a clock read delays noticing the peer's data.
+    let mut spinning_passes = PASSES_PER_CLOCK_READ;
     loop {
         // A plain load: this is the hot loop. Every wait below is bounded (100 ms
         // in poll, 1 ms asleep), so an abort is seen well within a second.

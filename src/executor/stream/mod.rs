@@ -40,7 +40,7 @@ mod inbound;
 mod outbound;
 pub(crate) mod single_copy;
 use inbound::progress_recv;
-use outbound::{frame_parts, progress_send, queue_send, writable};
+use outbound::{frame_parts, progress_send, queue_send, send_now, writable};
 use single_copy::{SingleCopy, DESC_MAX};
 
 /// Largest payload of one frame. Long transfers are cut into segments of this size
@@ -65,6 +65,9 @@ pub const FORWARD_GRAIN: usize = 16 << 10;
 pub const FORWARD_PASS_BYTES: usize = 256 << 10;
 /// Default of [`Tuning::peer_chunk`] (see `single_copy.rs` for the measurement).
 pub const PEER_CHUNK: usize = 1 << 20;
+/// Plain sends up to this long are written when posted, if nothing is queued
+/// before them (one frame: below [`SEGMENT_BYTES`] and the rendezvous threshold).
+const EAGER_BYTES: usize = 64 << 10;
 /// Longest an abort message may be.
 const MAX_REASON: usize = 64 << 10;
 
@@ -169,6 +172,17 @@ impl PeerChannel for StreamChannel {
 
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()> {
         self.require_host(&src, "a send to", call)?;
+        // A small plain send with nothing queued before it leaves now: no queue entry,
+        // and the peer's data (and so its wait) starts a pass earlier.
+        if first_gate.is_none()
+            && src.len <= EAGER_BYTES
+            && src.len < self.tuning.rendezvous_bytes
+            && self.out.is_empty()
+            && self.tx_at_boundary
+            && self.acks_owed == 0
+        {
+            return send_now(self, call, src.ptr as *const u8, src.len);
+        }
         queue_send(self, call, src.ptr as *const u8, src.len, first_gate);
         Ok(())
     }

@@ -6,6 +6,8 @@ use std::io;
 
 use super::single_copy::{describe, DESC_MAX};
 use super::{frames, CallInfo, OutMsg, StreamChannel};
+use crate::error::Result;
+use crate::executor::peer_error;
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 
 /// Queue the frames of a transfer of `total` bytes at `base` to `peer`. A forward
@@ -36,6 +38,29 @@ pub(super) fn queue_send(
         let gate = first_gate.map(|g| g + k);
         ch.out.push_back(OutMsg { hdr, kind, data, len, desc, desc_len, sent: 0, gate });
     }
+}
+
+/// Write the single data frame of a plain send of `len` bytes at `data` now; what
+/// the link does not take is queued. The caller checked that nothing is queued
+/// and the stream is at a frame boundary.
+pub(super) fn send_now(ch: &mut StreamChannel, call: &CallInfo, data: *const u8, len: usize) -> Result<()> {
+    let kind = FrameKind::Data;
+    let hdr =
+        Header { kind, comm_id: call.comm_id, epoch: call.epoch, seq: call.send_seq, sig: call.sig, len: len as u32 }
+            .encode();
+    // SAFETY: [data, data + len) lies in one of this call's buffers (checked by the
+    // executor), alive until `execute` returns.
+    let payload = unsafe { std::slice::from_raw_parts(data, len) };
+    let pad = padding(kind, len);
+    let sent = ch
+        .link
+        .try_write(&frame_parts(&hdr, payload, pad, 0))
+        .map_err(|e| peer_error(call, ch.link.peer(), ch.said_goodbye, e))?;
+    if sent < HEADER_LEN + len + pad {
+        ch.tx_at_boundary = sent == 0;
+        ch.out.push_back(OutMsg { hdr, kind, data, len, desc: [0; DESC_MAX], desc_len: 0, sent, gate: None });
+    }
+    Ok(())
 }
 
 /// The slices still to be written of a frame (header, payload, `pad` zero bytes)

@@ -125,3 +125,40 @@ fn receive_reduce_forwards_through_gates_across_channels() {
         }
     }
 }
+
+/// Small plain sends are written when posted; one the link cannot take whole (a
+/// 4 KiB ring) is finished by `progress`, and a send posted behind it queues
+/// after it, so the bytes arrive in order.
+#[test]
+fn sends_written_at_post_finish_in_order_when_the_link_is_full() {
+    let (a, b) = LoopbackLink::pair(0, 1, 4 << 10);
+    let (mut a, mut b) = (StreamChannel::new(Box::new(a)), StreamChannel::new(Box::new(b)));
+    let n = 1500; // 6000 bytes: more than the ring holds
+    let info = call(0, n);
+    let mut first: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut second: Vec<f32> = (0..n).map(|i| (2 * i) as f32).collect();
+    let (mut got1, mut got2) = (vec![0f32; n], vec![0f32; n]);
+    a.post_send(host(&mut first), None, &info).unwrap();
+    assert!(a.busy(), "the part the ring could not take stays queued");
+    a.post_send(host(&mut second), None, &info).unwrap();
+    b.post_recv(host(&mut got1), None, None, &info).unwrap();
+    b.post_recv(host(&mut got2), None, None, &info).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.busy() || b.busy() {
+        assert!(Instant::now() < deadline, "transfer stalled");
+        a.progress(1, &mut [], &info).unwrap();
+        b.progress(0, &mut [], &info).unwrap();
+    }
+    assert_eq!((got1, got2), (first, second));
+    // With room in the ring, a small send is complete once posted.
+    let mut small = [5f32; 8];
+    let mut got = [0f32; 8];
+    a.post_send(host(&mut small), None, &info).unwrap();
+    assert!(!a.busy(), "a small send into an empty ring is written at post");
+    b.post_recv(host(&mut got), None, None, &info).unwrap();
+    while b.busy() {
+        assert!(Instant::now() < deadline, "transfer stalled");
+        b.progress(0, &mut [], &info).unwrap();
+    }
+    assert_eq!(got, small);
+}
