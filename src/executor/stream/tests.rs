@@ -162,3 +162,47 @@ fn sends_written_at_post_finish_in_order_when_the_link_is_full() {
     }
     assert_eq!(got, small);
 }
+
+/// Small receives on a peekable link take a whole frame in one look when it is
+/// there; frames that straddle the end of a small ring, or arrive in parts, go the
+/// general way. Either way the bytes arrive in order, and a frame of the wrong
+/// length is still an error naming the peer.
+#[test]
+fn small_frames_arrive_whole_or_in_parts_across_the_ring_end() {
+    let (a, b) = LoopbackLink::pair(0, 1, 4 << 10);
+    let (mut a, mut b) = (StreamChannel::new(Box::new(a)), StreamChannel::new(Box::new(b)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Lengths chosen so successive frames start at many offsets of the 4 KiB ring.
+    for (round, n) in [1usize, 7, 250, 333, 900, 17, 1000, 64, 513, 3].into_iter().cycle().take(60).enumerate() {
+        let info = call(0, n);
+        let mut src: Vec<f32> = (0..n).map(|i| (round * 1000 + i) as f32).collect();
+        let mut got = vec![0f32; n];
+        // Alternate: receive posted before the frame arrives, and after.
+        if round % 2 == 0 {
+            b.post_recv(host(&mut got), None, None, &info).unwrap();
+            a.post_send(host(&mut src), None, &info).unwrap();
+        } else {
+            a.post_send(host(&mut src), None, &info).unwrap();
+            b.post_recv(host(&mut got), None, None, &info).unwrap();
+        }
+        while a.busy() || b.busy() {
+            assert!(Instant::now() < deadline, "round {round} ({n} elements) stalled");
+            a.progress(1, &mut [], &info).unwrap();
+            b.progress(0, &mut [], &info).unwrap();
+        }
+        assert_eq!(got, src, "round {round}, {n} elements");
+    }
+    // The sender's call says 8 elements, the receiver expects 4 bytes fewer.
+    let mut src = [1f32; 8];
+    let mut got = [0f32; 7];
+    a.post_send(host(&mut src), None, &call(0, 8)).unwrap();
+    let short = call(1, 8);
+    b.post_recv(host(&mut got), None, None, &short).unwrap();
+    let err = loop {
+        assert!(Instant::now() < deadline, "the wrong length was never noticed");
+        if let Err(e) = b.progress(0, &mut [], &short) {
+            break e.to_string();
+        }
+    };
+    assert!(err.contains("32 bytes") && err.contains("expects 28") && err.contains("rank 0"), "{err}");
+}
