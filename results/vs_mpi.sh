@@ -4,7 +4,8 @@
 # (the order flips each round). Configurations (CONFIGS, space separated):
 #   ar2 ar2reg ar4 bc2 ag2 rs2 a2a2 — all-reduce 2 ranks, the same --registered,
 #   all-reduce 4 ranks (on however many cores there are), broadcast, all-gather,
-#   reduce-scatter, all-to-all (braid only: the peer has no all-to-all) with 2 ranks.
+#   reduce-scatter, all-to-all with 2 ranks (Open MPI's all-to-all through our own
+#   results/probe/mpi_alltoall.c, timed like the shared peer: the peer has none).
 # Usage: BIN=target/release/braid MPI=/tmp/mpi/mpi_allreduce ROUNDS=3 OUT=/tmp/vs \
 #        results/vs_mpi.sh; results/vs_mpi_summarize.py /tmp/vs
 # (build the peer: mpicc -O2 -o /tmp/mpi/mpi_allreduce ../shared/peers/src/mpi_allreduce.c)
@@ -24,9 +25,11 @@ mkdir -p "$OUT"
 # measured just before it, and the summary compares runs of the same state.
 PROBE=$OUT/core_pingpong
 gcc -O2 -pthread -o "$PROBE" "$(dirname "$0")/probe/core_pingpong.c"
+A2A=$OUT/mpi_alltoall
+case " $CONFIGS " in *" a2a2 "*) mpicc -O2 -o "$A2A" "$(dirname "$0")/probe/mpi_alltoall.c" -lm;; esac
 state() { "$PROBE" | sed 's/.*pingpong \([0-9]*\) ns.*/\1/' > "$OUT/state-$1.txt"; }
 braid_op() { case $1 in ar*) echo all-reduce;; bc*) echo broadcast;; ag*) echo all-gather;; rs*) echo reduce-scatter;; a2a*) echo all-to-all;; esac; }
-mpi_op() { case $1 in ar*) echo allreduce;; bc*) echo bcast;; ag*) echo allgather;; rs*) echo reducescatter;; *) echo none;; esac; }
+mpi_op() { case $1 in ar*) echo allreduce;; bc*) echo bcast;; ag*) echo allgather;; rs*) echo reducescatter;; a2a*) echo alltoall;; *) echo none;; esac; }
 ranks() { case $1 in *4*) echo 4;; *) echo 2;; esac; }
 braid() { # config round
   local c=$1 r=$2 extra="" f="$OUT/braid-$1-r$2.jsonl"
@@ -44,8 +47,10 @@ mpi() { # config round
   op=$(mpi_op "$c")
   [ "$op" = none ] || [ "$c" = ar2reg ] && return 0
   state "mpi-$c-r$r"
-  $PRIO mpirun --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo -np "$(ranks "$c")" "$MPI" --op "$op" \
-    --label sm --mode inplace --sizes "$SIZES" --iters "$ITERS" > "$OUT/mpi-$c-r$r.jsonl" 2>/dev/null \
+  local prog=("$MPI" --op "$op" --label sm --mode inplace)
+  [ "$op" = alltoall ] && prog=("$A2A")
+  $PRIO mpirun --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo -np "$(ranks "$c")" "${prog[@]}" \
+    --sizes "$SIZES" --iters "$ITERS" > "$OUT/mpi-$c-r$r.jsonl" 2>/dev/null \
     || echo "FAILED mpi $c round $r"
 }
 for r in $(seq 1 "$ROUNDS"); do

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::algorithm::{self, Algorithm, BufId, PlanRequest, Region, Round, Schedule, Step};
 use crate::device::{Device, DeviceBuffer, DevicePtr};
@@ -13,6 +13,7 @@ use crate::error::{Error, OpContext, Result};
 use crate::executor::{self, Buffers, CallInfo, MemKind, PeerChannel, WaitPolicy};
 use crate::frame::FrameKind;
 use crate::reduce;
+use crate::transport::stream_copy::CallTuner;
 use crate::types::{CallSig, OpKind, ReduceOp};
 
 /// What a cached schedule depends on: op, count, element size, root, algorithm.
@@ -50,7 +51,7 @@ pub(crate) struct Engine {
     /// The plans of the latest distinct calls, most recent first.
     pub(super) recent_plans: [Option<(PlanKey, Arc<Schedule>)>; RECENT_PLANS],
     /// Chooses plain or streaming shared-memory ring writes from call times.
-    pub(super) stream_tuner: Option<crate::transport::stream_copy::CallTuner>,
+    pub(super) stream_tuner: Option<CallTuner>,
 }
 
 impl Engine {
@@ -259,14 +260,39 @@ impl Engine {
             _ => None,
         };
         let r = self.run(sig, &schedule, &mut bufs, (seq, seq));
-        if let (Some(t), Some(timed), true) = (&mut self.stream_tuner, timed, r.is_ok()) {
-            t.end(timed);
+        if let (Some(timed), true) = (timed, r.is_ok()) {
+            if self.peers_read_everything(CallTuner::drain_allowance(&timed)) {
+                if let Some(t) = &mut self.stream_tuner {
+                    t.end(timed);
+                }
+            }
         }
         self.scratch = std::mem::take(&mut bufs.scratch);
         if device.is_some() {
             self.device_scratch = bufs.device_scratch.take();
         }
         settle(r, &bufs)
+    }
+
+    /// Wait (spinning, then yielding) until the peers have read all this rank
+    /// wrote to them, at most `allowance`; whether they did. Only a timed call
+    /// waits (see [`CallTuner`]); the bytes are theirs to read whatever happens.
+    fn peers_read_everything(&self, allowance: Duration) -> bool {
+        let unread = || self.channels.iter().flatten().any(|c| c.sent_unread());
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while unread() {
+            if start.elapsed() > allowance {
+                return false;
+            }
+            spins += 1;
+            if spins < 1024 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        true
     }
 
     /// Send or receive `len` bytes at `buf` (a device address with `device`).

@@ -141,6 +141,12 @@ pub trait PeerChannel: Send {
     /// Whether posted requests (or protocol duties such as acknowledgements) remain.
     fn busy(&self) -> bool;
 
+    /// Whether bytes this side wrote still wait unread by the peer, where the
+    /// transport can tell (`false` where it cannot).
+    fn sent_unread(&self) -> bool {
+        false
+    }
+
     /// What to wait on when nothing moved.
     fn readiness(&self, gates: &[usize]) -> Readiness;
 

@@ -212,6 +212,12 @@ pub trait Link: Send {
         let _ = n;
     }
 
+    /// Whether bytes written to this link wait unread by the peer, where the link
+    /// can tell (shared-memory rings); `false` where it cannot.
+    fn sent_unread(&self) -> bool {
+        false
+    }
+
     /// Whether single copy (rendezvous framing) may be used on this link: the peer's
     /// memory can be read here, at least its registered segments. Both ends of a
     /// link must answer the same, since it decides the framing.

@@ -261,6 +261,10 @@ impl Link for ShmLink {
         self.peer
     }
 
+    fn sent_unread(&self) -> bool {
+        self.tx.free() < self.tx.capacity()
+    }
+
     fn kind(&self) -> TransportKind {
         TransportKind::Shm
     }

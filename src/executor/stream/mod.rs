@@ -230,6 +230,10 @@ impl PeerChannel for StreamChannel {
         !self.out.is_empty() || !self.inq.is_empty() || self.acks_awaited > 0 || self.acks_owed > 0
     }
 
+    fn sent_unread(&self) -> bool {
+        self.link.sent_unread()
+    }
+
     fn readiness(&self, gates: &[usize]) -> Readiness {
         let Some(fd) = self.link.poll_fd() else { return Readiness::NoFd };
         let mut events = 0;
