@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Plain against non-temporal ring writes (BRAID_NT_STORES=auto|off|on), alternating
-# every round, all-reduce 2 ranks f32 sum in place at 1, 8 and 64 MiB, with the
-# core-to-core round trip measured before each round (results/probe/core_pingpong.c).
+# every round, 2 ranks f32 sum in place at 1, 8 and 64 MiB (or MIN..MAX by FACTOR,
+# ITERS iterations), with the core-to-core round trip measured before each round
+# (results/probe/core_pingpong.c).
 # Usage: BIN=target/release/braid ROUNDS=6 OUT=/tmp/nt results/stream_stores_ab.sh
+#        MIN=4K MAX=1M FACTOR=4 ITERS=1000 OPS="all-gather all-to-all" ... (small sizes)
 set -u
 BIN=${BIN:?path of braid}
 ROUNDS=${ROUNDS:-6}
 OUT=${OUT:-/tmp/braid-nt}
 OPS=${OPS:-all-reduce all-gather}
+MIN=${MIN:-1M}
+MAX=${MAX:-64M}
+FACTOR=${FACTOR:-8}
+ITERS=${ITERS:-30}
 mkdir -p "$OUT"
 PROBE=$OUT/core_pingpong
 gcc -O2 -pthread -o "$PROBE" "$(dirname "$0")/probe/core_pingpong.c"
@@ -15,7 +21,7 @@ for r in $(seq 1 "$ROUNDS"); do
   rt=$("$PROBE" | sed 's/.*pingpong \([0-9]*\) ns.*/\1/')
   for op in $OPS; do
     for mode in auto off on; do
-      BRAID_NT_STORES=$mode "$BIN" perf --op "$op" -b 1M -e 64M -f 8 -n 30 -w 5 --json "$OUT/$mode-$op-r$r-rt$rt.jsonl" > /dev/null 2>&1 \
+      BRAID_NT_STORES=$mode "$BIN" perf --op "$op" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" -w 5 --json "$OUT/$mode-$op-r$r-rt$rt.jsonl" > /dev/null 2>&1 \
         || echo "FAILED $mode $op round $r"
     done
   done
@@ -36,5 +42,6 @@ print("|---|---|---|---|---|---|---|")
 for k in sorted(rows):
     r = rows[k]
     cell = lambda m: f"{statistics.median(r[m]):.2f}" if m in r else "-"
-    print(f"| {k[0]} | {k[1]} | {k[2] >> 20} MiB | {cell('auto')} | {cell('off')} | {cell('on')} | {len(r.get('auto', []))} |")
+    size = f"{k[2] >> 20} MiB" if k[2] >= 1 << 20 else f"{k[2] >> 10} KiB"
+    print(f"| {k[0]} | {k[1]} | {size} | {cell('auto')} | {cell('off')} | {cell('on')} | {len(r.get('auto', []))} |")
 PY

@@ -247,7 +247,7 @@ pub struct Tuning {
     /// A rank with a core of its own polls its links this long after the last
     /// progress before it yields and then sleeps.
     pub spin: Duration,
-    /// Whether large shared-memory ring writes use non-temporal stores: `Auto`
+    /// Whether shared-memory ring writes (of at least 1 KiB) use non-temporal stores: `Auto`
     /// times both and keeps the faster (see [`crate::transport::stream_copy`]).
     pub nt_stores: crate::transport::stream_copy::StreamPolicy,
 }

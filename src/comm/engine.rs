@@ -42,6 +42,9 @@ pub(crate) struct Engine {
     /// once per pass of its transfer loop.
     pub(super) aborted: Arc<AtomicBool>,
     pub(super) scratch: Vec<u8>,
+    /// The input of the latest in-place all-to-all, copied out of its buffer
+    /// (kept, so repeated calls do not allocate).
+    pub(super) in_place_copy: Vec<u8>,
     /// Scratch of the last call on device buffers (kept while the device is).
     pub(super) device_scratch: Option<DeviceBuffer>,
     /// The device the communicator is bound to and its single-copy peers.
@@ -80,6 +83,7 @@ impl Engine {
             broken: None,
             aborted,
             scratch: Vec::new(),
+            in_place_copy: Vec::new(),
             device_scratch: None,
             binding: None,
             queues: executor::Queues::default(),

@@ -19,13 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Whether large ring writes use non-temporal stores (`BRAID_NT_STORES`).
+/// Whether ring writes use non-temporal stores (`BRAID_NT_STORES`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StreamPolicy {
     /// Time both kinds of copy and use the faster (the default).
     #[default]
     Auto,
-    /// Always stream large writes.
+    /// Always stream writes of at least [`STREAM_MIN_BYTES`].
     On,
     /// Never stream.
     Off,
@@ -43,9 +43,13 @@ impl FromStr for StreamPolicy {
     }
 }
 
-/// Writes at least this long are candidates for streaming: smaller ones are read
-/// back while still in cache, where a plain copy always wins.
-pub const STREAM_MIN_BYTES: usize = 256 << 10;
+/// Writes at least this long are candidates for streaming. Small ones too: with the
+/// vCPUs apart, 2-rank all-gather over shared memory took 15.3 µs at 64 KiB plain
+/// against 4.1 streaming (Open MPI: 8.1), 2.4 against 1.9 at 16 KiB and 1.55
+/// against 1.35 at 4 KiB, while with them together streaming lost 2x at 4 KiB: only
+/// timing tells (results/small-streaming-2026-11-25.md). Below this a call is a few
+/// hundred nanoseconds of fixed cost, and a 40-byte header alone is never streamed.
+pub const STREAM_MIN_BYTES: usize = 1 << 10;
 /// One call in this many (per size class) tries the kind of copy now losing: at
 /// most about 2% of calls pay for a worse kind (it costs up to 2.3x here).
 const EXPLORE_EVERY: u32 = 64;
@@ -53,18 +57,25 @@ const EXPLORE_EVERY: u32 = 64;
 /// (a multiple of it explores): a timed call waits until its peers have read what
 /// it wrote, which the others need not.
 const TIME_EVERY: u32 = 8;
+/// The same for calls below [`SMALL_CALL_BYTES`], where a clock read and the wait
+/// for the peers are a larger share of the call, and calls come often enough that
+/// fewer samples still follow the machine within microseconds.
+const TIME_EVERY_SMALL: u32 = 32;
+const SMALL_CALL_BYTES: usize = 256 << 10;
+const _: () = assert!(EXPLORE_EVERY % TIME_EVERY == 0 && EXPLORE_EVERY % TIME_EVERY_SMALL == 0);
 /// Samples kept per kind and size class; a kind's rate is the best of them, since
 /// noise on a shared machine only ever slows a call down.
 const SAMPLES: usize = 3;
-/// Size classes: powers of two from [`STREAM_MIN_BYTES`] up (the last takes the rest).
-const CLASSES: usize = 14;
+/// Size classes: powers of two from [`STREAM_MIN_BYTES`] up to 2 GiB (the last
+/// takes the rest).
+const CLASSES: usize = 22;
 
 fn class_of(bytes: usize) -> usize {
     ((bytes.max(STREAM_MIN_BYTES) / STREAM_MIN_BYTES).ilog2() as usize).min(CLASSES - 1)
 }
 
 /// The switch a communicator's ring writers follow under [`StreamPolicy::Auto`]:
-/// set by its [`CallTuner`] before each large call.
+/// set by its [`CallTuner`] before each call of at least [`STREAM_MIN_BYTES`].
 #[derive(Clone, Debug, Default)]
 pub struct StreamSwitch(Arc<AtomicBool>);
 
@@ -78,7 +89,7 @@ impl PartialEq for StreamSwitch {
 impl Eq for StreamSwitch {}
 
 impl StreamSwitch {
-    /// Whether large writes stream now.
+    /// Whether writes of at least [`STREAM_MIN_BYTES`] stream now.
     pub fn get(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
@@ -176,15 +187,17 @@ impl CallTuner {
             (streaming > plain) != (n % EXPLORE_EVERY == 0)
         };
         self.switch.set(streamed);
-        (sampling || n % TIME_EVERY == 0).then(|| Timed { class, streamed, bytes, started: Instant::now() })
+        let every = if bytes < SMALL_CALL_BYTES { TIME_EVERY_SMALL } else { TIME_EVERY };
+        (sampling || n % every == 0).then(|| Timed { class, streamed, bytes, started: Instant::now() })
     }
 
     /// How long after its own work a timed call may wait for its peers to read
     /// what it wrote before its sample is dropped instead (a late peer says
     /// nothing about the kind of copy): as long again as the call took, and at
-    /// least a millisecond.
+    /// least 5 µs. So a rank whose peers are elsewhere (a broadcast root ahead of
+    /// them) loses at most its call's own time, once in [`TIME_EVERY`] calls.
     pub fn drain_allowance(t: &Timed) -> std::time::Duration {
-        t.started.elapsed().max(std::time::Duration::from_millis(1))
+        t.started.elapsed().max(std::time::Duration::from_micros(5))
     }
 
     /// Record a call that completed (and whose writes its peers have read).
@@ -219,7 +232,7 @@ mod tests {
         let switch = StreamSwitch::default();
         let mut t = CallTuner::new(switch.clone());
         assert!(t.begin(STREAM_MIN_BYTES - 1).is_none(), "small calls are not tuned");
-        let big = 4 * STREAM_MIN_BYTES;
+        let big = 4 * SMALL_CALL_BYTES;
         assert!(t.begin(big).is_none() && !switch.get(), "the first call of a class is cold: plain, untimed");
         // Calls 2..=7 alternate plain and streaming; streaming measures 4x faster,
         // one slow outlier notwithstanding (the best of the kept samples counts).
@@ -261,6 +274,16 @@ mod tests {
         t.end(timed);
         assert_ne!(t.samples[class_of(big)], [[1e9; SAMPLES], [1e8; SAMPLES]]);
         assert!(t.rates(big)[0] >= before[0] && t.rates(big)[1] >= before[1]);
+        // Small calls are tuned alike, timed once in TIME_EVERY_SMALL calls once sampled.
+        let small = 2 * STREAM_MIN_BYTES;
+        let timed: Vec<bool> = (0..1 + 2 * SAMPLES as u32).map(|_| t.begin(small).is_some()).collect();
+        assert_eq!(
+            timed.iter().filter(|&&x| x).count(),
+            2 * SAMPLES,
+            "the first call is cold, then every sample is timed"
+        );
+        let timed = (0..EXPLORE_EVERY * 2).filter(|_| t.begin(small).is_some()).count() as u32;
+        assert_eq!(timed, 2 * EXPLORE_EVERY / TIME_EVERY_SMALL);
     }
 
     #[test]
