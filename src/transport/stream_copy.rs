@@ -44,11 +44,12 @@ impl FromStr for StreamPolicy {
 }
 
 /// Writes at least this long are candidates for streaming. Small ones too: with the
-/// vCPUs apart, 2-rank all-gather over shared memory took 15.3 µs at 64 KiB plain
-/// against 4.1 streaming (Open MPI: 8.1), 2.4 against 1.9 at 16 KiB and 1.55
-/// against 1.35 at 4 KiB, while with them together streaming lost 2x at 4 KiB: only
-/// timing tells (results/small-streaming-2026-11-25.md). Below this a call is a few
-/// hundred nanoseconds of fixed cost, and a 40-byte header alone is never streamed.
+/// vCPUs apart, 2-rank all-gather over shared memory ran at 2.0 GB/s busbw at 64 KiB
+/// with plain copies against 8.0 streaming, 1.8 against 4.8 at 16 KiB and 1.4
+/// against 1.6 at 4 KiB, while with them together streaming lost about 2x at every
+/// size (12.4 against 5.8 at 64 KiB): only timing tells
+/// (results/small-streaming-2026-11-25.md). Below this a call is a few hundred
+/// nanoseconds of fixed cost, and a 40-byte header alone is never streamed.
 pub const STREAM_MIN_BYTES: usize = 1 << 10;
 /// One call in this many (per size class) tries the kind of copy now losing: at
 /// most about 2% of calls pay for a worse kind (it costs up to 2.3x here).
