@@ -17,7 +17,7 @@
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Whether ring writes use non-temporal stores (`BRAID_NT_STORES`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -194,11 +194,17 @@ impl CallTuner {
 
     /// How long after its own work a timed call may wait for its peers to read
     /// what it wrote before its sample is dropped instead (a late peer says
-    /// nothing about the kind of copy): as long again as the call took, and at
-    /// least 5 µs. So a rank whose peers are elsewhere (a broadcast root ahead of
-    /// them) loses at most its call's own time, once in [`TIME_EVERY`] calls.
+    /// nothing about the kind of copy): four times as long as the call took, and
+    /// at least 1 ms for calls of [`SMALL_CALL_BYTES`] and more, 20 µs below. A
+    /// short allowance drops the samples of the kind whose writer finishes first:
+    /// a broadcast root's plain writes end well before its peer has copied them
+    /// out, and with 5 µs at least the tuner kept only streaming samples and
+    /// chose streaming for 1 MiB broadcasts with the cores together (70 against
+    /// 37 µs). A rank whose peers are elsewhere waits at most this long once in
+    /// [`TIME_EVERY`] (or [`TIME_EVERY_SMALL`]) calls.
     pub fn drain_allowance(t: &Timed) -> std::time::Duration {
-        t.started.elapsed().max(std::time::Duration::from_micros(5))
+        let floor = if t.bytes < SMALL_CALL_BYTES { Duration::from_micros(20) } else { Duration::from_millis(1) };
+        (t.started.elapsed() * 4).max(floor)
     }
 
     /// Record a call that completed (and whose writes its peers have read).
