@@ -196,11 +196,10 @@ impl CallTuner {
     /// what it wrote before its sample is dropped instead (a late peer says
     /// nothing about the kind of copy): four times as long as the call took, and
     /// at least 1 ms for calls of [`SMALL_CALL_BYTES`] and more, 20 µs below. A
-    /// short allowance drops the samples of the kind whose writer finishes first:
-    /// a broadcast root's plain writes end well before its peer has copied them
-    /// out, and with 5 µs at least the tuner kept only streaming samples and
-    /// chose streaming for 1 MiB broadcasts with the cores together (70 against
-    /// 37 µs). A rank whose peers are elsewhere waits at most this long once in
+    /// short allowance would drop the samples of the kind whose writer finishes
+    /// first (a broadcast root's plain writes end well before its peer has copied
+    /// them out), and streaming would win by default. A rank whose peers are
+    /// elsewhere waits at most this long once in
     /// [`TIME_EVERY`] (or [`TIME_EVERY_SMALL`]) calls.
     pub fn drain_allowance(t: &Timed) -> std::time::Duration {
         let floor = if t.bytes < SMALL_CALL_BYTES { Duration::from_micros(20) } else { Duration::from_millis(1) };
