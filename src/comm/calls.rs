@@ -123,20 +123,22 @@ impl Core {
         let sig = CallSig::new(sig.op, sig.dtype, sig.count, sig.root, sig.reduce_op);
         // Checked in turn, so that whatever happens there the ticket is used.
         self.shared.in_turn(ticket, Some(sig), |e| {
-            if sig.op == OpKind::AllToAll && input.is_none() {
-                // Every block is both read and overwritten: work from a copy, in a
-                // buffer the engine keeps (a fresh allocation of a large buffer
-                // costs a page fault per 4 KiB, every call).
-                let mut copy = std::mem::take(&mut e.in_place_copy);
-                copy.clear();
-                copy.extend_from_slice(output);
-                let r = self.prepare(sig, Some((copy.as_ptr(), copy.len())), (output.as_mut_ptr(), output.len()));
-                let r = r.and_then(|p| e.collective(p.sig, (p.input, p.input_len), (p.output, p.output_len), None));
-                e.in_place_copy = copy;
-                return r;
+            // In-place all-to-all: every block is both read and overwritten, so work
+            // from a copy, in a buffer the engine keeps (not a fresh one per call).
+            let copy = (sig.op == OpKind::AllToAll && input.is_none()).then(|| {
+                let mut c = std::mem::take(&mut e.in_place_copy);
+                c.clear();
+                c.extend_from_slice(output);
+                c
+            });
+            let input = copy.as_deref().or(input);
+            let r = self
+                .prepare(sig, input.map(|i| (i.as_ptr(), i.len())), (output.as_mut_ptr(), output.len()))
+                .and_then(|p| e.collective(p.sig, (p.input, p.input_len), (p.output, p.output_len), None));
+            if let Some(c) = copy {
+                e.in_place_copy = c;
             }
-            let p = self.prepare(sig, input.map(|i| (i.as_ptr(), i.len())), (output.as_mut_ptr(), output.len()))?;
-            e.collective(p.sig, (p.input, p.input_len), (p.output, p.output_len), None)
+            r
         })
     }
 

@@ -62,6 +62,7 @@ const TIME_EVERY: u32 = 8;
 /// for the peers are a larger share of the call, and calls come often enough that
 /// fewer samples still follow the machine within microseconds.
 const TIME_EVERY_SMALL: u32 = 32;
+/// Calls below this many bytes per rank are timed one in [`TIME_EVERY_SMALL`].
 const SMALL_CALL_BYTES: usize = 256 << 10;
 const _: () = assert!(EXPLORE_EVERY % TIME_EVERY == 0 && EXPLORE_EVERY % TIME_EVERY_SMALL == 0);
 /// Samples kept per kind and size class; a kind's rate is the best of them, since
