@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK` | who this process is |
 //! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT` or `file:///PATH` |
-//! | `BRAID_ALGO` | force an algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto` |
+//! | `BRAID_ALGO` | algorithms each collective may use, NCCL's syntax: `ring,tree`, `allreduce:ring;broadcast:chain`, `^tree`, or `auto` (default: the tuner picks among all) |
 //! | `BRAID_TRANSPORTS` | comma list restricting transports (`shm`, `rdma`, `tcp`; one that cannot run here is dropped, saying why at debug level) |
 //! | `BRAID_SOCKET_IFNAME` | interfaces for TCP, NCCL syntax: `eth`, `^docker`, `=eth0` |
 //! | `BRAID_TIMEOUT` | deadline of every wait: `30`, `500ms`, `5m` (default 60 s) |
@@ -28,7 +28,6 @@
 
 use std::time::Duration;
 
-use crate::algorithm::Algorithm;
 use crate::error::{Error, Result};
 use crate::transport::TransportKind;
 
@@ -46,8 +45,8 @@ pub struct Config {
     pub local_rank: Option<usize>,
     /// Store URL (`tcp://HOST:PORT`, `file:///PATH`).
     pub store: Option<String>,
-    /// Forced algorithm, None for automatic choice.
-    pub algorithm: Option<Algorithm>,
+    /// Algorithms each collective may use; the tuner picks among them.
+    pub algorithms: crate::tuner::AlgoPolicy,
     /// Allowed transports, None for all.
     pub transports: Option<Vec<TransportKind>>,
     /// TCP interface filter in NCCL syntax.
@@ -80,7 +79,7 @@ impl Config {
             world_size,
             local_rank: None,
             store: None,
-            algorithm: None,
+            algorithms: crate::tuner::AlgoPolicy::auto(),
             transports: None,
             socket_ifname: None,
             timeout: DEFAULT_TIMEOUT,
@@ -144,9 +143,7 @@ impl Config {
         cfg.store = store;
         cfg.launcher = launcher;
         if let Some(a) = get("BRAID_ALGO") {
-            if !a.eq_ignore_ascii_case("auto") && !a.is_empty() {
-                cfg.algorithm = Some(a.parse().map_err(|e| Error::Config(format!("BRAID_ALGO: {e}")))?);
-            }
+            cfg.algorithms = a.parse().map_err(|e| Error::Config(format!("BRAID_ALGO: {e}")))?;
         }
         if let Some(t) = get("BRAID_TRANSPORTS") {
             let list = t
@@ -363,7 +360,7 @@ mod tests {
         assert_eq!((c.rank, c.world_size, c.launcher), (2, 4, "braid"));
         assert_eq!(c.store.as_deref(), Some("tcp://h:1"));
         assert_eq!(c.timeout, Duration::from_millis(250));
-        assert_eq!(c.algorithm, Some(Algorithm::Ring));
+        assert_eq!(c.algorithms, crate::tuner::AlgoPolicy::only(crate::algorithm::Algorithm::Ring));
         assert_eq!(c.transports, Some(vec![TransportKind::Tcp]));
     }
 

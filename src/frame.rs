@@ -7,7 +7,7 @@
 //! 16 op u8  17 dtype u8  18 reduce op u8  19 epoch u8
 //! 20 root / peer u32
 //! 24 count u64
-//! 32 payload length u32   36 reserved u32
+//! 32 payload length u32   36 algorithm u8   37 reserved (3 bytes, zero)
 //! ```
 //! Little-endian. Every data frame repeats the call's signature, so a rank that
 //! receives a frame of another call reports both calls instead of corrupting data.
@@ -23,7 +23,7 @@ use crate::types::{CallSig, DType, OpKind, ReduceOp};
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 40;
 /// Protocol version; bumped when the header or the framing changes.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Data and rendezvous payloads are padded to a multiple of this many bytes.
 pub const PAYLOAD_ALIGN: usize = 8;
 const _: () = assert!(HEADER_LEN % PAYLOAD_ALIGN == 0);
@@ -87,6 +87,7 @@ impl Header {
         b[20..24].copy_from_slice(&self.sig.root.to_le_bytes());
         b[24..32].copy_from_slice(&self.sig.count.to_le_bytes());
         b[32..36].copy_from_slice(&self.len.to_le_bytes());
+        b[36] = self.sig.algo;
         b
     }
 
@@ -110,6 +111,9 @@ impl Header {
         let op = OpKind::from_code(b[16]).ok_or_else(|| format!("unknown op code {}", b[16]))?;
         let dtype = DType::from_code(b[17]).ok_or_else(|| format!("unknown dtype code {}", b[17]))?;
         let reduce_op = ReduceOp::from_code(b[18]).ok_or_else(|| format!("unknown reduce op code {}", b[18]))?;
+        if b[36] != 0 && crate::algorithm::Algorithm::from_code(b[36]).is_none() {
+            return Err(format!("unknown algorithm code {}", b[36]));
+        }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         Ok(Header {
@@ -117,7 +121,7 @@ impl Header {
             comm_id: u32_at(4),
             epoch: b[19],
             seq: u64_at(8),
-            sig: CallSig { op, dtype, count: u64_at(24), root: u32_at(20), reduce_op },
+            sig: CallSig { op, dtype, count: u64_at(24), root: u32_at(20), reduce_op, algo: b[36] },
             len: u32_at(32),
         })
     }
@@ -191,13 +195,15 @@ mod tests {
                 any::<u64>(),
                 any::<u32>(),
                 code(ReduceOp::from_code),
+                0..=crate::algorithm::Algorithm::ALL.len() as u8,
             )
-                .prop_map(|(op, dtype, count, root, reduce_op)| CallSig {
+                .prop_map(|(op, dtype, count, root, reduce_op, algo)| CallSig {
                     op,
                     dtype,
                     count,
                     root,
                     reduce_op,
+                    algo,
                 });
             (kind(), any::<u32>(), any::<u8>(), any::<u64>(), sig, any::<u32>())
                 .prop_map(|(kind, comm_id, epoch, seq, sig, len)| Header { kind, comm_id, epoch, seq, sig, len })
@@ -226,10 +232,11 @@ mod tests {
                     raw[16] %= 16;
                     raw[17] %= 12;
                     raw[18] %= 8;
+                    raw[36] %= 16;
                 }
                 if let Ok(h) = Header::decode(&raw) {
-                    // Everything but the reserved word is read back exactly.
-                    prop_assert_eq!(&h.encode()[..36], &raw[..36]);
+                    // Everything but the reserved bytes is read back exactly.
+                    prop_assert_eq!(&h.encode()[..37], &raw[..37]);
                 }
             }
 

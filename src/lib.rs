@@ -10,7 +10,10 @@
 //!   comm        Communicator: the collective API, async work handles, deadlines,
 //!               split, abort
 //!     │
-//!   algorithm/  pure planners: plan(op, rank, world, count) -> Schedule  (no I/O, no clock)
+//!   tuner/      which algorithm: every allowed candidate priced off its schedules,
+//!     │         alpha x steps + beta x bytes + gamma x bytes reduced (BRAID_ALGO)
+//!   algorithm/  pure planners: plan(op, rank, world, count, hosts) -> Schedule
+//!               (no I/O, no clock)
 //!     │
 //!   executor    the one place a Schedule meets the peers: rounds, deadlines, errors,
 //!               over a PeerChannel per peer (StreamChannel: framing, single copy;
@@ -51,6 +54,7 @@ pub mod reduce;
 pub mod registered;
 pub mod topology;
 pub mod transport;
+pub mod tuner;
 pub mod types;
 
 pub use comm::{Communicator, CommunicatorBuilder, Work};

@@ -44,6 +44,9 @@ pub struct Topology {
     /// affinities when they set up, before any binding); 0 when unknown. More
     /// local ranks than this means they take turns on cores.
     pub local_cpus: usize,
+    /// The same for every host (`host_cpus[h]`), from what every rank published, so
+    /// that all ranks agree on which hosts take turns on cores; 0 when unknown.
+    pub host_cpus: Vec<usize>,
 }
 
 impl Topology {
@@ -70,7 +73,8 @@ impl Topology {
         let mine = &hosts[host_of[rank]];
         let local_rank = mine.iter().position(|&r| r == rank).unwrap_or(0);
         let local_size = mine.len();
-        Topology { host_of, hosts, local_rank, local_size, local_cpus: 0 }
+        let host_cpus = vec![0; hosts.len()];
+        Topology { host_of, hosts, local_rank, local_size, local_cpus: 0, host_cpus }
     }
 
     /// Every one of `world` ranks on one host (threads of one process, or a test).
@@ -99,6 +103,12 @@ impl Topology {
     /// The ranks on the host of `rank`, ascending.
     pub fn host_ranks(&self, rank: usize) -> &[usize] {
         &self.hosts[self.host_of[rank]]
+    }
+
+    /// Whether the ranks of each host outnumber the CPUs they may use (false where
+    /// unknown).
+    pub fn oversubscribed_hosts(&self) -> Vec<bool> {
+        self.hosts.iter().zip(&self.host_cpus).map(|(ranks, &cpus)| cpus > 0 && ranks.len() > cpus).collect()
     }
 }
 
@@ -361,6 +371,7 @@ pub fn discover(rank: usize, world: usize, store: &dyn Store, key_prefix: &str, 
     if world == 1 {
         let mut topo = Topology::single_host(0, 1);
         topo.local_cpus = my_cpus.len();
+        topo.host_cpus = vec![my_cpus.len()];
         return Ok(topo);
     }
     let deadline = Instant::now() + timeout;
@@ -373,24 +384,22 @@ pub fn discover(rank: usize, world: usize, store: &dyn Store, key_prefix: &str, 
     wait_ranks(store, |r| probe_key(key_prefix, r), world, deadline, rank, timeout)?;
 
     let mut row = String::with_capacity(world);
-    // The CPUs of every rank seen on this host (None: unreadable or malformed).
-    let mut host_cpus: Vec<Option<Vec<usize>>> = vec![None; world];
-    for (r, cpus) in host_cpus.iter_mut().enumerate() {
-        let ok = r == rank || {
-            let raw = store.get(&probe_key(key_prefix, r))?.unwrap_or_default();
-            let text = String::from_utf8_lossy(&raw);
-            let mut fields = text.splitn(3, ' ');
-            match (fields.next(), fields.next()) {
-                (Some(token), Some(path)) if probe_matches(path, token) => {
-                    *cpus = fields.next().and_then(crate::placement::parse_cpu_list);
-                    true
-                }
-                _ => false,
+    // The CPUs of every rank (None: unreadable or malformed), read from the store
+    // for all ranks so that every rank sums the same lists per host.
+    let mut rank_cpus: Vec<Option<Vec<usize>>> = vec![None; world];
+    for (r, cpus) in rank_cpus.iter_mut().enumerate() {
+        let raw = store.get(&probe_key(key_prefix, r))?.unwrap_or_default();
+        let text = String::from_utf8_lossy(&raw);
+        let mut fields = text.splitn(3, ' ');
+        let ok = match (fields.next(), fields.next()) {
+            (Some(token), Some(path)) => {
+                *cpus = fields.next().and_then(crate::placement::parse_cpu_list);
+                r == rank || probe_matches(path, token)
             }
+            _ => r == rank,
         };
         row.push(if ok { '1' } else { '0' });
     }
-    host_cpus[rank] = Some(my_cpus);
     store.set(&row_key(key_prefix, rank), row.as_bytes())?;
     // Once every row is in, every rank has finished probing: ours can go.
     wait_ranks(store, |r| row_key(key_prefix, r), world, deadline, rank, timeout)?;
@@ -409,7 +418,9 @@ pub fn discover(rank: usize, world: usize, store: &dyn Store, key_prefix: &str, 
         reach.push(raw.iter().map(|&c| c == b'1').collect::<Vec<bool>>());
     }
     let mut topo = Topology::from_labels(rank, &group_hosts(&reach));
-    topo.local_cpus = union_size(topo.host_ranks(rank).iter().map(|&r| host_cpus[r].as_deref()));
+    topo.host_cpus =
+        topo.hosts.iter().map(|ranks| union_size(ranks.iter().map(|&r| rank_cpus[r].as_deref()))).collect();
+    topo.local_cpus = topo.host_cpus[topo.host_of[rank]];
     tracing::debug!(rank, hosts = ?topo.hosts, local_cpus = topo.local_cpus, "topology discovered");
     Ok(topo)
 }

@@ -280,6 +280,10 @@ pub struct CallSig {
     pub root: u32,
     /// Reduce op for reducing ops, otherwise `Sum`.
     pub reduce_op: ReduceOp,
+    /// The algorithm the call runs ([`crate::algorithm::Algorithm::code`]), 0 while
+    /// not yet chosen. On the wire, so that ranks that chose differently fail with
+    /// an error naming both instead of exchanging mismatched pieces.
+    pub algo: u8,
 }
 
 impl CallSig {
@@ -292,7 +296,13 @@ impl CallSig {
             count,
             root: if op.rooted() || matches!(op, OpKind::Send | OpKind::Recv) { root } else { 0 },
             reduce_op: if op.reduces() { reduce_op } else { ReduceOp::Sum },
+            algo: 0,
         }
+    }
+
+    /// This signature running `algorithm`.
+    pub fn with_algorithm(self, algorithm: crate::algorithm::Algorithm) -> CallSig {
+        CallSig { algo: algorithm.code(), ..self }
     }
 
     /// Whether a frame sent under `theirs` is what a call `self` expects. A send
@@ -317,6 +327,10 @@ impl fmt::Display for CallSig {
         if self.op.reduces() {
             write!(f, ", op={}", self.reduce_op)?;
         }
-        f.write_str(")")
+        f.write_str(")")?;
+        match crate::algorithm::Algorithm::from_code(self.algo) {
+            Some(a) => write!(f, " via {a}"),
+            None => Ok(()),
+        }
     }
 }

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use braid::algorithm::Algorithm;
 use braid::transport::loopback::LoopbackLink;
 use braid::transport::Link;
 use braid::{Communicator, Config, Error, ReduceOp};
@@ -37,6 +38,30 @@ fn mismatched_collectives_fail_on_both_ranks_naming_both_calls_tcp() {
 #[test]
 fn mismatched_collectives_fail_on_both_ranks_naming_both_calls_shm() {
     mismatch(Net::Shm);
+}
+
+/// Ranks that force different algorithms for the same call fail naming both.
+fn algorithm_mismatch(net: Net) {
+    let results = on_ranks(comms(net, 2, Duration::from_secs(20)), |c| {
+        let algo = if c.rank() == 0 { Algorithm::Ring } else { Algorithm::Direct };
+        c.set_algorithm(Some(algo));
+        let mut buf = vec![1i32; 1000];
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap_err().to_string()
+    });
+    for (rank, msg) in results.iter().enumerate() {
+        assert!(msg.contains("all-reduce(dtype=i32, count=1000, op=sum) via ring"), "rank {rank}: {msg}");
+        assert!(msg.contains("all-reduce(dtype=i32, count=1000, op=sum) via direct"), "rank {rank}: {msg}");
+    }
+}
+
+#[test]
+fn ranks_running_different_algorithms_fail_naming_both_inproc() {
+    algorithm_mismatch(Net::InProc);
+}
+
+#[test]
+fn ranks_running_different_algorithms_fail_naming_both_shm() {
+    algorithm_mismatch(Net::Shm);
 }
 
 #[test]

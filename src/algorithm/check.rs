@@ -41,12 +41,27 @@ pub fn check(
     algorithm: Option<Algorithm>,
     params: &PlanParams,
 ) -> Result<(), String> {
+    check_on(op, &vec![0; world], count, elem_size, root, algorithm, params)
+}
+
+/// [`check`] for ranks spread over hosts: `hosts[r]` is rank r's host index (hosts
+/// numbered by their lowest rank), and the world size is `hosts.len()`.
+pub fn check_on(
+    op: OpKind,
+    hosts: &[usize],
+    count: usize,
+    elem_size: usize,
+    root: usize,
+    algorithm: Option<Algorithm>,
+    params: &PlanParams,
+) -> Result<(), String> {
+    let world = hosts.len();
     if world == 0 {
         return Err(format!("{op}: world size must be at least 1"));
     }
     let schedules = (0..world)
         .map(|rank| {
-            let req = PlanRequest { op, rank, world, count, elem_size, root, algorithm };
+            let req = PlanRequest { op, rank, world, count, elem_size, root, algorithm, hosts };
             plan_with(&req, params).map_err(|e| format!("{op} world={world} rank {rank}: {e}"))
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -285,7 +300,7 @@ struct Checker<'a> {
 }
 
 impl Checker<'_> {
-    fn req(&self, rank: usize) -> PlanRequest {
+    fn req(&self, rank: usize) -> PlanRequest<'static> {
         PlanRequest {
             op: self.op,
             rank,
@@ -294,6 +309,7 @@ impl Checker<'_> {
             elem_size: self.es,
             root: self.root,
             algorithm: Some(self.alg),
+            hosts: &[],
         }
     }
 

@@ -3,7 +3,7 @@
 //! chunking and a schedule builder that keeps the invariants the executor and the
 //! checker rely on).
 
-use super::{chain, direct, pairwise, ring, tree};
+use super::{bruck, chain, dbtree, direct, halving_doubling, hierarchical, pairwise, ring, tree};
 use super::{Algorithm, PlanParams, PlanRequest, Region, Round, Schedule, Step};
 use crate::types::OpKind;
 
@@ -19,7 +19,7 @@ use crate::types::OpKind;
 /// - barrier: `Dissemination`; all-to-all: `Pairwise`.
 ///
 /// Errors for point-to-point ops, which have no schedule.
-pub fn default_algorithm(req: &PlanRequest, params: &PlanParams) -> Result<Algorithm, String> {
+pub fn default_algorithm(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Algorithm, String> {
     let bytes = req.count.saturating_mul(req.elem_size);
     Ok(match req.op {
         OpKind::AllReduce | OpKind::AllGather | OpKind::ReduceScatter => {
@@ -46,12 +46,25 @@ pub fn default_algorithm(req: &PlanRequest, params: &PlanParams) -> Result<Algor
 }
 
 /// Validate, choose, plan.
-pub(crate) fn plan(req: &PlanRequest, params: &PlanParams) -> Result<Schedule, String> {
+pub(crate) fn plan(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Schedule, String> {
     if req.world == 0 {
         return Err(format!("{}: world size must be at least 1", req.op));
     }
     if req.rank >= req.world {
         return Err(format!("{}: rank {} outside world of {}", req.op, req.rank, req.world));
+    }
+    if !req.hosts.is_empty() {
+        if req.hosts.len() != req.world {
+            return Err(format!("{}: {} host entries for a world of {}", req.op, req.hosts.len(), req.world));
+        }
+        // Hosts numbered by their lowest rank: each new host takes the next number.
+        let mut next = 0;
+        for (r, &h) in req.hosts.iter().enumerate() {
+            if h > next {
+                return Err(format!("{}: rank {r} is on host {h}, but hosts must be numbered by lowest rank", req.op));
+            }
+            next = next.max(h + 1);
+        }
     }
     if req.elem_size == 0 {
         return Err(format!("{}: element size must be at least 1 byte", req.op));
@@ -83,6 +96,17 @@ pub(crate) fn plan(req: &PlanRequest, params: &PlanParams) -> Result<Schedule, S
         (OpKind::Broadcast, Algorithm::Tree) => Ok(tree::broadcast(req)),
         (OpKind::Reduce, Algorithm::Chain) => Ok(chain::reduce(req, params)),
         (OpKind::Reduce, Algorithm::Tree) => Ok(tree::reduce(req)),
+        (OpKind::AllReduce, Algorithm::Tree) => Ok(dbtree::all_reduce(req, params)),
+        (OpKind::AllReduce, Algorithm::Doubling) => Ok(halving_doubling::all_reduce_doubling(req)),
+        (OpKind::AllReduce, Algorithm::HalvingDoubling) => Ok(halving_doubling::all_reduce(req)),
+        (OpKind::ReduceScatter, Algorithm::HalvingDoubling) => Ok(halving_doubling::reduce_scatter(req)),
+        (OpKind::AllGather, Algorithm::Doubling) => Ok(bruck::all_gather_doubling(req)),
+        (OpKind::AllGather, Algorithm::Bruck) => Ok(bruck::all_gather(req)),
+        (OpKind::AllReduce, Algorithm::Hierarchical) => Ok(hierarchical::all_reduce(req, params)),
+        (OpKind::AllGather, Algorithm::Hierarchical) => Ok(hierarchical::all_gather(req, params)),
+        (OpKind::ReduceScatter, Algorithm::Hierarchical) => Ok(hierarchical::reduce_scatter(req, params)),
+        (OpKind::Broadcast, Algorithm::Hierarchical) => Ok(hierarchical::broadcast(req, params)),
+        (OpKind::Reduce, Algorithm::Hierarchical) => Ok(hierarchical::reduce(req, params)),
         (OpKind::Barrier, Algorithm::Dissemination) => Ok(pairwise::barrier(req)),
         (OpKind::AllToAll, Algorithm::Pairwise) => Ok(pairwise::all_to_all(req)),
         _ => unsupported(),

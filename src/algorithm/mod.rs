@@ -11,10 +11,14 @@
 //! Steps say *what* moves, not *how*: the executor decides whether a receive lands
 //! in a staging chunk or straight in place, and how a long transfer is pipelined.
 
+mod bruck;
 mod chain;
 pub mod check;
 mod collectives;
+mod dbtree;
 mod direct;
+mod halving_doubling;
+mod hierarchical;
 mod pairwise;
 pub mod ring;
 #[cfg(test)]
@@ -154,8 +158,21 @@ pub enum Algorithm {
     Direct,
     /// Pipelined chain (broadcast, reduce).
     Chain,
-    /// Binomial tree (broadcast, reduce).
+    /// Binomial tree (broadcast, reduce); for all-reduce, NCCL's double binary tree
+    /// (two complementary trees, each reducing and broadcasting half the data,
+    /// pipelined in segments).
     Tree,
+    /// Recursive doubling: `log2 n` rounds of pairwise exchanges of everything held
+    /// so far (all-reduce of small messages, all-gather).
+    Doubling,
+    /// Recursive halving then doubling (Rabenseifner): halving reduce-scatter, then
+    /// for all-reduce a doubling all-gather; `2 log2 n` rounds, bandwidth-optimal.
+    HalvingDoubling,
+    /// Bruck's all-gather: `ceil(log2 n)` rounds for any `n`.
+    Bruck,
+    /// Inside each host, then across hosts (one rank or one slice per host), then
+    /// inside each host again.
+    Hierarchical,
     /// Dissemination (barrier).
     Dissemination,
     /// Pairwise exchange (all-to-all).
@@ -170,16 +187,32 @@ impl Algorithm {
             Algorithm::Direct => "direct",
             Algorithm::Chain => "chain",
             Algorithm::Tree => "tree",
+            Algorithm::Doubling => "doubling",
+            Algorithm::HalvingDoubling => "halving-doubling",
+            Algorithm::Bruck => "bruck",
+            Algorithm::Hierarchical => "hierarchical",
             Algorithm::Dissemination => "dissemination",
             Algorithm::Pairwise => "pairwise",
         }
     }
-    /// All algorithms.
-    pub const ALL: [Algorithm; 6] = [
+    /// Non-zero wire code (the call signature's `algo` byte; 0 means none chosen).
+    pub fn code(self) -> u8 {
+        Algorithm::ALL.iter().position(|&a| a == self).map_or(0, |i| i as u8 + 1)
+    }
+    /// The algorithm of a wire code, None for 0 or an unknown code.
+    pub fn from_code(code: u8) -> Option<Algorithm> {
+        Algorithm::ALL.get((code as usize).checked_sub(1)?).copied()
+    }
+    /// All algorithms (their order gives the wire codes: append, never reorder).
+    pub const ALL: [Algorithm; 10] = [
         Algorithm::Ring,
         Algorithm::Direct,
         Algorithm::Chain,
         Algorithm::Tree,
+        Algorithm::Doubling,
+        Algorithm::HalvingDoubling,
+        Algorithm::Bruck,
+        Algorithm::Hierarchical,
         Algorithm::Dissemination,
         Algorithm::Pairwise,
     ];
@@ -196,14 +229,15 @@ impl FromStr for Algorithm {
     fn from_str(s: &str) -> Result<Self, String> {
         let s = s.to_ascii_lowercase();
         Algorithm::ALL.iter().copied().find(|a| a.name() == s).ok_or_else(|| {
-            format!("unknown algorithm `{s}` (expected ring, direct, chain, tree, dissemination, pairwise or auto)")
+            let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+            format!("unknown algorithm `{s}` (expected {} or auto)", names.join(", "))
         })
     }
 }
 
 /// What to plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PlanRequest {
+pub struct PlanRequest<'a> {
     /// The collective.
     pub op: OpKind,
     /// This rank.
@@ -218,9 +252,38 @@ pub struct PlanRequest {
     pub root: usize,
     /// Algorithm; None picks a default by op and size.
     pub algorithm: Option<Algorithm>,
+    /// Host index of every rank (`hosts[r]`, hosts numbered by their lowest rank as
+    /// [`crate::topology::Topology::host_of`] does), or empty when all ranks share
+    /// one host. Planners that ignore it are still correct; rings and hierarchical
+    /// planners use it to keep traffic inside hosts.
+    pub hosts: &'a [usize],
 }
 
-impl PlanRequest {
+impl PlanRequest<'_> {
+    /// Host index of `rank` (0 when every rank shares one host).
+    pub fn host_of(&self, rank: usize) -> usize {
+        self.hosts.get(rank).copied().unwrap_or(0)
+    }
+    /// Number of hosts (at least 1).
+    pub fn num_hosts(&self) -> usize {
+        self.hosts.iter().max().map_or(1, |m| m + 1)
+    }
+    /// Ranks in ring order: host by host (hosts by number), ascending within a host,
+    /// so that a ring crosses between hosts as few times as it can (once per host).
+    /// The identity on one host.
+    pub fn ring_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.world).collect();
+        order.sort_by_key(|&r| (self.host_of(r), r));
+        order
+    }
+    /// The ranks of every host, ascending, hosts by number.
+    pub fn host_members(&self) -> Vec<Vec<usize>> {
+        let mut members = vec![Vec::new(); self.num_hosts()];
+        for r in 0..self.world {
+            members[self.host_of(r)].push(r);
+        }
+        members
+    }
     /// Bytes of the `Input` buffer this op expects on this rank.
     pub fn input_bytes(&self) -> usize {
         let c = self.count * self.elem_size;
@@ -277,9 +340,21 @@ impl Schedule {
 /// Which algorithms apply to an op, best default first.
 pub fn algorithms_for(op: OpKind) -> &'static [Algorithm] {
     match op {
-        OpKind::AllReduce => &[Algorithm::Ring, Algorithm::Direct],
-        OpKind::AllGather | OpKind::ReduceScatter => &[Algorithm::Ring, Algorithm::Direct],
-        OpKind::Broadcast | OpKind::Reduce => &[Algorithm::Chain, Algorithm::Tree],
+        OpKind::AllReduce => &[
+            Algorithm::Ring,
+            Algorithm::Direct,
+            Algorithm::Tree,
+            Algorithm::Doubling,
+            Algorithm::HalvingDoubling,
+            Algorithm::Hierarchical,
+        ],
+        OpKind::AllGather => {
+            &[Algorithm::Ring, Algorithm::Direct, Algorithm::Doubling, Algorithm::Bruck, Algorithm::Hierarchical]
+        }
+        OpKind::ReduceScatter => {
+            &[Algorithm::Ring, Algorithm::Direct, Algorithm::HalvingDoubling, Algorithm::Hierarchical]
+        }
+        OpKind::Broadcast | OpKind::Reduce => &[Algorithm::Chain, Algorithm::Tree, Algorithm::Hierarchical],
         OpKind::Barrier => &[Algorithm::Dissemination],
         OpKind::AllToAll => &[Algorithm::Pairwise],
         OpKind::Send | OpKind::Recv => &[],
@@ -317,13 +392,13 @@ impl Default for PlanParams {
 }
 
 /// Plan `req` for its rank. Errors when the algorithm does not implement the op.
-pub fn plan(req: &PlanRequest) -> Result<Schedule, String> {
+pub fn plan(req: &PlanRequest<'_>) -> Result<Schedule, String> {
     plan_with(req, &PlanParams::default())
 }
 
 /// Plan `req` for its rank with explicit tunables. Errors when the request is
 /// malformed (rank or root outside the world, zero element size) or the algorithm
 /// does not implement the op.
-pub fn plan_with(req: &PlanRequest, params: &PlanParams) -> Result<Schedule, String> {
+pub fn plan_with(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Schedule, String> {
     collectives::plan(req, params)
 }

@@ -6,7 +6,7 @@ use super::*;
 
 /// Counts that hit the edge cases of chunking: empty, fewer elements than ranks,
 /// one more, uneven, and a prime.
-fn counts(n: usize) -> Vec<usize> {
+pub(super) fn counts(n: usize) -> Vec<usize> {
     let mut c = vec![0, 1, 2, n.saturating_sub(1), n + 1, 3 * n + 2, 97];
     c.sort_unstable();
     c.dedup();
@@ -114,7 +114,16 @@ fn default_choice_is_checked_and_follows_thresholds() {
             }
         }
     }
-    let req = |op, world, count| PlanRequest { op, rank: 0, world, count, elem_size: 4, root: 0, algorithm: None };
+    let req = |op, world, count| PlanRequest {
+        op,
+        rank: 0,
+        world,
+        count,
+        elem_size: 4,
+        root: 0,
+        algorithm: None,
+        hosts: &[],
+    };
     let pick = |r: PlanRequest| default_algorithm(&r, &p).unwrap();
     // 64 KiB sent per rank is the Direct limit: 2048 f32 x 8 peers.
     assert_eq!(pick(req(OpKind::AllReduce, 9, 2048)), Algorithm::Ring, "world above direct_max_world");
@@ -132,16 +141,17 @@ fn default_choice_is_checked_and_follows_thresholds() {
 #[test]
 fn unsupported_algorithm_names_both() {
     let req = PlanRequest {
-        op: OpKind::AllReduce,
+        op: OpKind::AllToAll,
         rank: 0,
         world: 4,
         count: 8,
         elem_size: 4,
         root: 0,
-        algorithm: Some(Algorithm::Tree),
+        algorithm: Some(Algorithm::Ring),
+        hosts: &[],
     };
     let e = plan(&req).unwrap_err();
-    assert!(e.contains("tree") && e.contains("all-reduce"), "{e}");
+    assert!(e.contains("ring") && e.contains("all-to-all"), "{e}");
     let bad_rank = PlanRequest { rank: 4, algorithm: None, ..req };
     assert!(plan(&bad_rank).is_err());
     let bad_root = PlanRequest { op: OpKind::Broadcast, root: 9, algorithm: None, ..req };
@@ -161,6 +171,7 @@ fn ring_all_reduce_rounds_and_bytes() {
                     elem_size: 4,
                     root: 0,
                     algorithm: Some(Algorithm::Ring),
+                    hosts: &[],
                 };
                 let s = plan(&req).unwrap();
                 assert_eq!(s.rounds.len(), 2 * n - 3, "n={n} count={count}");
@@ -184,8 +195,16 @@ fn chain_pipelines_segments() {
     let p = small_segments(16);
     for rank in 0..5 {
         for op in [OpKind::Broadcast, OpKind::Reduce] {
-            let req =
-                PlanRequest { op, rank, world: 5, count: 40, elem_size: 4, root: 0, algorithm: Some(Algorithm::Chain) };
+            let req = PlanRequest {
+                op,
+                rank,
+                world: 5,
+                count: 40,
+                elem_size: 4,
+                root: 0,
+                algorithm: Some(Algorithm::Chain),
+                hosts: &[],
+            };
             let s = plan_with(&req, &p).unwrap();
             let (sends, bytes) = (
                 s.rounds.iter().flat_map(|r| &r.steps).filter(|x| matches!(x, Step::Send { .. })).count(),
@@ -216,7 +235,16 @@ fn world_of_one_is_a_copy_or_nothing() {
         OpKind::Barrier,
     ] {
         for &alg in algorithms_for(op) {
-            let req = PlanRequest { op, rank: 0, world: 1, count: 5, elem_size: 4, root: 0, algorithm: Some(alg) };
+            let req = PlanRequest {
+                op,
+                rank: 0,
+                world: 1,
+                count: 5,
+                elem_size: 4,
+                root: 0,
+                algorithm: Some(alg),
+                hosts: &[],
+            };
             let s = plan(&req).unwrap();
             assert_eq!(s.transfer_steps(), 0, "{op} {alg}");
             assert!(s.rounds.len() <= 1);
@@ -229,7 +257,7 @@ fn world_of_one_is_a_copy_or_nothing() {
 fn plan_all(op: OpKind, world: usize, count: usize, alg: Algorithm) -> Vec<Schedule> {
     (0..world)
         .map(|rank| {
-            let req = PlanRequest { op, rank, world, count, elem_size: 4, root: 0, algorithm: Some(alg) };
+            let req = PlanRequest { op, rank, world, count, elem_size: 4, root: 0, algorithm: Some(alg), hosts: &[] };
             plan_with(&req, &small_segments(8)).unwrap()
         })
         .collect()

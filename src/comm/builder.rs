@@ -88,9 +88,15 @@ impl CommunicatorBuilder {
         self.config.bind = policy;
         self
     }
-    /// Force an algorithm (None for automatic choice).
+    /// Force an algorithm wherever it applies (None for automatic choice).
     pub fn algorithm(mut self, a: Option<Algorithm>) -> Self {
-        self.config.algorithm = a;
+        self.config.algorithms = a.map_or_else(crate::tuner::AlgoPolicy::auto, crate::tuner::AlgoPolicy::only);
+        self
+    }
+
+    /// The algorithms each collective may use (`BRAID_ALGO`'s syntax parses into it).
+    pub fn algorithms(mut self, policy: crate::tuner::AlgoPolicy) -> Self {
+        self.config.algorithms = policy;
         self
     }
     /// Restrict the transports peers may use (e.g. `[TransportKind::Tcp]`).
@@ -338,6 +344,7 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     // is not oversubscribed when its peers have cores of their own.
     let wait = WaitPolicy::new(topo.local_size, topo.local_cpus, cfg.tuning.spin);
     let mut comm = Communicator::from_channels(cfg.rank, cfg.world_size, channels, comm_id, &cfg, wait);
+    comm.core.shared.lock_engine().set_hosts(topo.host_of.clone(), topo.oversubscribed_hosts());
     if kinds.contains(&Some(TransportKind::Shm)) {
         comm.core.shared.set_stream_tuner(crate::transport::stream_copy::CallTuner::new(stream_switch));
     }

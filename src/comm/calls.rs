@@ -66,6 +66,7 @@ impl Core {
             elem_size: sig.dtype.size(),
             root: sig.root as usize,
             algorithm: None,
+            hosts: &[],
         };
         let (in_bytes, out_bytes) = (req.input_bytes(), req.output_bytes());
         let is_root = sig.root as usize == self.rank;

@@ -14,10 +14,12 @@ use crate::executor::{self, Buffers, CallInfo, MemKind, PeerChannel, WaitPolicy}
 use crate::frame::FrameKind;
 use crate::reduce;
 use crate::transport::stream_copy::CallTuner;
+use crate::tuner::{AlgoPolicy, Call, LinkClass, LinkPair, Tuner};
 use crate::types::{CallSig, OpKind, ReduceOp};
 
-/// What a cached schedule depends on: op, count, element size, root, algorithm.
-type PlanKey = (OpKind, usize, usize, usize, Option<Algorithm>);
+/// What a cached schedule depends on besides the communicator's policy (a new
+/// policy empties the caches): op, count, element size, root.
+type PlanKey = (OpKind, usize, usize, usize);
 /// How many of the latest plans are compared before the hash map is asked. A
 /// training step repeats a few calls (each bucket's all-reduce, a barrier); hashing
 /// a key with the map's SipHash cost more than the whole executor of a 4 KiB
@@ -36,7 +38,12 @@ pub(crate) struct Engine {
     pub(super) p2p_received: Vec<u64>,
     pub(super) timeout: Duration,
     pub(super) wait: WaitPolicy,
-    pub(super) algorithm: Option<Algorithm>,
+    /// Chooses each call's algorithm.
+    pub(super) tuner: Tuner,
+    /// Host index of every rank as planners take it ([`PlanRequest::hosts`]).
+    pub(super) hosts: Vec<usize>,
+    /// Hosts whose ranks outnumber their cores (the tuner prices their rounds).
+    pub(super) busy_hosts: Vec<bool>,
     pub(super) broken: Option<String>,
     /// Set by [`crate::Communicator::abort`] from any thread; the executor reads it
     /// once per pass of its transfer loop.
@@ -68,6 +75,7 @@ impl Engine {
         wait: WaitPolicy,
         aborted: Arc<AtomicBool>,
     ) -> Engine {
+        let links = link_classes(rank, &channels, &vec![0; world]);
         Engine {
             rank,
             world,
@@ -79,7 +87,9 @@ impl Engine {
             p2p_received: vec![0; world],
             timeout: cfg.timeout,
             wait,
-            algorithm: cfg.algorithm,
+            tuner: Tuner::new(cfg.algorithms.clone(), links),
+            hosts: vec![0; world],
+            busy_hosts: vec![wait.yield_while_spinning],
             broken: None,
             aborted,
             scratch: Vec::new(),
@@ -97,17 +107,25 @@ impl Engine {
         OpContext { rank: self.rank, call, seq }
     }
 
-    pub(super) fn schedule(&mut self, sig: &CallSig, algo: Option<Algorithm>) -> Result<Arc<Schedule>> {
-        let req = PlanRequest {
-            op: sig.op,
-            rank: self.rank,
-            world: self.world,
-            count: sig.count as usize,
-            elem_size: sig.dtype.size(),
-            root: sig.root as usize,
-            algorithm: algo.filter(|a| algorithm::algorithms_for(sig.op).contains(a)),
-        };
-        let key = (req.op, req.count, req.elem_size, req.root, req.algorithm);
+    /// A new policy for later calls; plans made under the old one are dropped.
+    pub(super) fn set_policy(&mut self, policy: AlgoPolicy) {
+        self.tuner.policy = policy;
+        self.plans.clear();
+        self.recent_plans = Default::default();
+    }
+
+    /// The hosts of the ranks and which of them take turns on cores; plans made
+    /// for another layout are dropped.
+    pub(super) fn set_hosts(&mut self, hosts: Vec<usize>, busy: Vec<bool>) {
+        self.tuner.links = link_classes(self.rank, &self.channels, &hosts);
+        self.hosts = hosts;
+        self.busy_hosts = busy;
+        self.plans.clear();
+        self.recent_plans = Default::default();
+    }
+
+    pub(super) fn schedule(&mut self, sig: &CallSig) -> Result<Arc<Schedule>> {
+        let key = (sig.op, sig.count as usize, sig.dtype.size(), sig.root as usize);
         // Training loops repeat a few calls: check the latest plans before hashing.
         if let Some(i) = self.recent_plans.iter().position(|e| e.as_ref().is_some_and(|(k, _)| *k == key)) {
             self.recent_to_front(i);
@@ -118,6 +136,26 @@ impl Engine {
         let s = match self.plans.get(&key) {
             Some(s) => s.clone(),
             None => {
+                let call = Call {
+                    op: key.0,
+                    count: key.1,
+                    elem_size: key.2,
+                    root: key.3,
+                    hosts: &self.hosts,
+                    busy: &self.busy_hosts,
+                };
+                let algo =
+                    self.tuner.pick(&call).map_err(|e| Error::InvalidArgument(format!("choosing for {sig}: {e}")))?;
+                let req = PlanRequest {
+                    op: key.0,
+                    rank: self.rank,
+                    world: self.world,
+                    count: key.1,
+                    elem_size: key.2,
+                    root: key.3,
+                    algorithm: Some(algo),
+                    hosts: &self.hosts,
+                };
                 let plan = algorithm::plan(&req).map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?;
                 if self.plans.len() > 256 {
                     self.plans.clear();
@@ -245,7 +283,8 @@ impl Engine {
         let peer_copy = self.peer_copy_for(device)?;
         let seq = self.coll_seq;
         self.coll_seq += 1;
-        let schedule = self.schedule(&sig, self.algorithm)?;
+        let schedule = self.schedule(&sig)?;
+        let sig = sig.with_algorithm(schedule.algorithm);
         let mut bufs = Buffers {
             input,
             input_len,
@@ -382,6 +421,21 @@ impl Drop for Engine {
     }
 }
 
+/// The link classes a rank prices with: inside its host, the class of a channel to
+/// a rank of its host, and between hosts, that of a channel to another host. A
+/// class the rank has no channel of takes what other ranks would have by default
+/// (shared memory, TCP), so that ranks agree.
+fn link_classes(rank: usize, channels: &[Option<Box<dyn PeerChannel>>], hosts: &[usize]) -> LinkPair {
+    let host = |r: usize| hosts.get(r).copied().unwrap_or(0);
+    let class = |same: bool| {
+        channels.iter().enumerate().find_map(|(p, c)| match c {
+            Some(c) if (host(p) == host(rank)) == same => Some(LinkClass::of(c.kind())),
+            _ => None,
+        })
+    };
+    LinkPair { local: class(true).unwrap_or(LinkClass::SharedMemory), remote: class(false).unwrap_or(LinkClass::Tcp) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,7 +459,19 @@ mod tests {
             count: sig.count as usize,
             elem_size: sig.dtype.size(),
             root: sig.root as usize,
-            algorithm: None,
+            algorithm: Some(
+                e.tuner
+                    .pick(&Call {
+                        op: sig.op,
+                        count: sig.count as usize,
+                        elem_size: sig.dtype.size(),
+                        root: sig.root as usize,
+                        hosts: &e.hosts,
+                        busy: &e.busy_hosts,
+                    })
+                    .unwrap(),
+            ),
+            hosts: &e.hosts,
         };
         algorithm::plan(&req).unwrap()
     }
@@ -417,14 +483,14 @@ mod tests {
     fn recent_plans_serve_each_key_its_own_plan() {
         let mut e = engine();
         let sigs: Vec<CallSig> = (1..=RECENT_PLANS as u64 + 3).map(|i| all_reduce(i * 1000)).collect();
-        let first: Vec<Arc<Schedule>> = sigs.iter().map(|s| e.schedule(s, None).unwrap()).collect();
+        let first: Vec<Arc<Schedule>> = sigs.iter().map(|s| e.schedule(s).unwrap()).collect();
         for (s, f) in sigs.iter().zip(&first) {
             assert_eq!(**f, fresh_plan(&e, s));
         }
         // Two keys alternating (an all-reduce and a barrier-sized call), then all of them backwards.
         let order = [0, 1, 0, 1, 0].into_iter().chain((0..sigs.len()).rev()).chain([2, 2, 0]);
         for i in order {
-            let got = e.schedule(&sigs[i], None).unwrap();
+            let got = e.schedule(&sigs[i]).unwrap();
             assert!(Arc::ptr_eq(&got, &first[i]), "call {i} got another key's plan or was planned again");
         }
         let keys: Vec<usize> = e.recent_plans.iter().map(|p| p.as_ref().unwrap().0 .1).collect();

@@ -40,6 +40,7 @@ use crate::error::{Error, Result};
 use crate::executor::{PeerChannel, StreamChannel, WaitPolicy};
 use crate::transport::loopback::LoopbackLink;
 use crate::transport::{Link, TransportKind};
+use crate::tuner::AlgoPolicy;
 use crate::types::{CallSig, DType, Element, OpKind, ReduceOp};
 use calls::Core;
 use engine::Engine;
@@ -155,6 +156,30 @@ impl Communicator {
             .collect())
     }
 
+    /// Like [`Communicator::in_process_with`], with the ranks planned as if spread
+    /// over hosts: `host_labels[r]` names rank r's host (equal labels, same host).
+    /// The links stay in-memory; planners and the tuner follow the layout, which is
+    /// how hierarchical schedules run on one machine (replicas grouped by socket or
+    /// device, or a test of a multi-host layout).
+    pub fn in_process_on_hosts(cfg: Config, host_labels: &[usize]) -> Result<Vec<Communicator>> {
+        if host_labels.len() != cfg.world_size {
+            return Err(Error::InvalidArgument(format!(
+                "{} host labels for a world of {}",
+                host_labels.len(),
+                cfg.world_size
+            )));
+        }
+        let comms = Communicator::in_process_with(cfg)?;
+        let topo = crate::topology::Topology::from_labels(0, host_labels);
+        for c in &comms {
+            let mut e = c.core.shared.lock_engine();
+            // Threads of one machine: every host is as busy as the machine is.
+            let busy = vec![e.busy_hosts.first().copied().unwrap_or(false); topo.num_hosts()];
+            e.set_hosts(topo.host_of.clone(), busy);
+        }
+        Ok(comms)
+    }
+
     /// A communicator over already-connected links (`links[p]` reaches rank `p`).
     pub fn from_links(
         rank: usize,
@@ -230,16 +255,28 @@ impl Communicator {
         self.core.shared.is_aborted()
     }
 
-    /// Force an algorithm for later calls (None: automatic). Every rank must agree.
+    /// Force an algorithm for later calls wherever it applies (None: automatic).
+    /// Every rank must agree (a rank that does not fails its next call naming both).
     pub fn set_algorithm(&self, a: Option<Algorithm>) {
-        self.core.shared.lock_engine().algorithm = a;
+        self.set_algorithms(a.map_or_else(AlgoPolicy::auto, AlgoPolicy::only));
+    }
+
+    /// The algorithms later calls may use (as `BRAID_ALGO`). Every rank must agree.
+    pub fn set_algorithms(&self, policy: AlgoPolicy) {
+        self.core.shared.lock_engine().set_policy(policy);
     }
 
     /// The schedule this rank would run for `sig`, without running it.
     pub fn plan(&self, sig: &CallSig) -> Result<Arc<Schedule>> {
-        let mut e = self.core.shared.lock_engine();
-        let a = e.algorithm;
-        e.schedule(sig, a)
+        self.core.shared.lock_engine().schedule(sig)
+    }
+
+    /// The tuner's view of this communicator: its policy, cost model and link
+    /// classes, the host of every rank, and which hosts take turns on cores (what
+    /// the communicator prices its calls with).
+    pub fn tuner(&self) -> (crate::tuner::Tuner, Vec<usize>, Vec<bool>) {
+        let e = self.core.shared.lock_engine();
+        (e.tuner.clone(), e.hosts.clone(), e.busy_hosts.clone())
     }
 
     /// The byte-buffer form of every collective: `sig` says what to run, `input` is

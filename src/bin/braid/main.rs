@@ -1,6 +1,8 @@
 //! `braid`: launch ranks (`braid run`), measure collectives (`braid perf`) and draw
-//! saved measurements (`braid plot`).
+//! saved measurements (`braid plot`), and show the tuner's reasoning (`braid explain`,
+//! `braid simulate`).
 
+mod explain;
 mod launch;
 mod perf;
 mod perf_device;
@@ -29,6 +31,14 @@ enum Command {
     /// `braid perf --algo direct --json direct.jsonl`, then
     /// `braid plot busbw.svg ring.jsonl direct.jsonl`.
     Plot(plot::PlotArgs),
+    /// Price every algorithm of one call with the tuner's cost model and show the pick.
+    ///
+    /// Example: `braid explain --op all-reduce --bytes 16M --ranks 4 --hosts 2 --link tcp`.
+    Explain(explain::ExplainArgs),
+    /// Predict busbw by size for every algorithm on a cluster of any size.
+    ///
+    /// Example: `braid simulate --ranks 1024 --hosts 128 --link rdma --gbps 200 --latency-us 3`.
+    Simulate(explain::SimulateArgs),
 }
 
 fn main() {
@@ -42,6 +52,8 @@ fn main() {
         Command::Run(args) => launch::run(args),
         Command::Perf(args) => perf::main(args),
         Command::Plot(args) => plot::main(args),
+        Command::Explain(args) => explain::explain(args),
+        Command::Simulate(args) => explain::simulate(args),
     };
     std::process::exit(code);
 }

@@ -50,7 +50,9 @@ pub struct PerfArgs {
     /// Root of broadcast and reduce.
     #[arg(short = 'r', long, default_value_t = 0)]
     pub root: usize,
-    /// Algorithm (`ring`, `direct`, `chain`, `tree`, ...) or `auto`.
+    /// `auto` (the tuner picks), an algorithm (`ring`, `tree`, `hierarchical`, ...),
+    /// a list in `BRAID_ALGO`'s syntax (`ring,tree`, `^direct`), or `all`: every
+    /// algorithm of the op in turn at each size, one row each.
     #[arg(long, default_value = "auto")]
     pub algo: String,
     /// Transport: `auto` (shared memory within a host, RDMA verbs or else TCP across),
@@ -93,7 +95,7 @@ fn parse_switch(s: &str) -> Result<bool, String> {
     }
 }
 
-fn parse_op(s: &str) -> Result<OpKind, String> {
+pub fn parse_op(s: &str) -> Result<OpKind, String> {
     let op: OpKind = s.parse()?;
     if matches!(op, OpKind::Send | OpKind::Recv) {
         return Err("perf measures collectives; send/recv are not one".into());
@@ -476,10 +478,15 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     if a.root >= n {
         return Err(braid::Error::InvalidArgument(format!("--root {} is not below --ranks {n}", a.root)));
     }
-    if a.algo != "auto" {
-        let algo = a.algo.parse().map_err(braid::Error::InvalidArgument)?;
-        comm.set_algorithm(Some(algo));
-    }
+    // `all` alternates the algorithms at each size; anything else is a policy.
+    let rotation: Vec<Option<braid::algorithm::Algorithm>> = if a.algo.eq_ignore_ascii_case("all") {
+        braid::algorithm::algorithms_for(a.op).iter().copied().map(Some).collect()
+    } else {
+        let policy: braid::tuner::AlgoPolicy =
+            a.algo.parse().map_err(|e| braid::Error::InvalidArgument(format!("--algo: {e}")))?;
+        comm.set_algorithms(policy);
+        vec![None]
+    };
     // Every rank's transport to every peer, gathered so rank 0 can print them all.
     let codes: Vec<u8> = comm.transports().iter().map(|t| t.map_or(0, |k| k as u8 + 1)).collect();
     let mut all_codes = vec![0u8; n * n];
@@ -555,7 +562,10 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             println!("# device buffers: {}", names.join(" "));
         }
     }
-    for size in sizes(a) {
+    for (size, forced) in sizes(a).into_iter().flat_map(|s| rotation.iter().map(move |f| (s, *f))) {
+        if forced.is_some() {
+            comm.set_algorithm(forced);
+        }
         let mut c = case(comm, a, size, device.as_ref())?;
         if c.sig.count == 0 && a.op != OpKind::Barrier {
             continue;

@@ -1,0 +1,389 @@
+//! The cost model: the predicted time of one call, read off the schedules of all its
+//! ranks. No I/O and no clock, like the planners it reads.
+//!
+//! Every step is charged by the class of link it crosses: `alpha` per message,
+//! `beta` per byte on the wire and `gamma` per byte reduced (or copied locally).
+//! Rounds are the synchronisation points of a schedule (a message sent in round `t`
+//! is received in round `t`), so a rank starts round `t` once it and every peer it
+//! talks to in that round finished round `t - 1`; the call ends when the last rank
+//! does. The terms are summed along that critical path, which is what
+//! `braid explain` prints: a ring's `2(n-1)` latencies, a tree's long pipelines and a
+//! hierarchical schedule's slow cross-host phase all show up where they are paid.
+//!
+//! What the model leaves out, on purpose: pipelining inside one transfer (the
+//! executor overlaps the pieces of a long message, which a larger `beta` absorbs)
+//! and memory contention between ranks of one host (only links that a host shares,
+//! a NIC, divide their bandwidth among the ranks using them in the same round).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::algorithm::{Schedule, Step};
+use crate::transport::TransportKind;
+
+/// A class of links, each with its own costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LinkClass {
+    /// Threads of one process (in-memory rings).
+    InProcess,
+    /// Processes of one host (shared-memory rings, single copy).
+    SharedMemory,
+    /// TCP sockets (between hosts, or on one host when nothing faster is allowed).
+    Tcp,
+    /// RDMA verbs.
+    Rdma,
+    /// GPU memory (CUDA).
+    Cuda,
+}
+
+impl LinkClass {
+    /// Every class, in the order of [`CostModel`]'s table.
+    pub const ALL: [LinkClass; 5] =
+        [LinkClass::InProcess, LinkClass::SharedMemory, LinkClass::Tcp, LinkClass::Rdma, LinkClass::Cuda];
+
+    /// Name as `braid explain --link` takes it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LinkClass::InProcess => "inproc",
+            LinkClass::SharedMemory => "shm",
+            LinkClass::Tcp => "tcp",
+            LinkClass::Rdma => "rdma",
+            LinkClass::Cuda => "cuda",
+        }
+    }
+
+    /// The class of a transport's links.
+    pub const fn of(kind: TransportKind) -> LinkClass {
+        match kind {
+            TransportKind::InProcess => LinkClass::InProcess,
+            TransportKind::Shm => LinkClass::SharedMemory,
+            TransportKind::Tcp => LinkClass::Tcp,
+            TransportKind::Rdma => LinkClass::Rdma,
+            TransportKind::Cuda => LinkClass::Cuda,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for LinkClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for LinkClass {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.to_ascii_lowercase();
+        LinkClass::ALL.iter().copied().find(|c| c.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = LinkClass::ALL.iter().map(|c| c.name()).collect();
+            format!("unknown link class `{s}` (expected {})", names.join(", "))
+        })
+    }
+}
+
+/// The costs of one link class.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkCost {
+    /// Seconds per message (the fixed cost of a transfer step).
+    pub alpha: f64,
+    /// Seconds per byte moved (1 / bandwidth).
+    pub beta: f64,
+    /// Seconds per byte reduced on arrival (or copied locally).
+    pub gamma: f64,
+    /// Sending and receiving overlap (a NIC's two directions). Memory links are not
+    /// duplex: the CPU that copies in is the one that copies out.
+    pub duplex: bool,
+    /// One link per host that its ranks share (a NIC): ranks of a host that cross it
+    /// in the same round divide its bandwidth.
+    pub per_host: bool,
+    /// How much slower `beta` and `gamma` get once a call's data no longer fits in
+    /// cache: 1 at [`CostModel::cache_bytes`] per rank and below, this factor from
+    /// 32 times that up, geometric in between. Memory links have it; a network's
+    /// wire is slower than either.
+    pub far: f64,
+}
+
+/// Costs of every link class.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostModel {
+    costs: [LinkCost; 5],
+    /// Seconds a round with transfers costs on a host whose ranks outnumber its
+    /// cores: the peers of a round take turns on the cores, so every round waits
+    /// for a peer to be scheduled, however few messages it has.
+    pub busy_round: f64,
+    /// How much slower copies and reductions run on such a host, whose ranks share
+    /// cores (two ranks a core, the usual case of oversubscribing).
+    pub busy_share: f64,
+    /// Bytes per rank (input, output and scratch) up to which a call's data stays
+    /// in cache.
+    pub cache_bytes: u64,
+}
+
+impl Default for CostModel {
+    /// Built-in values: memory links fitted to `braid perf --algo all` on a 2-core
+    /// VM (2 ranks, shared memory: ring against direct all-reduce from 4 KiB to 64
+    /// MiB gives beta, gamma, and how much both slow down past the cache); TCP and
+    /// RDMA assumed for a 10 Gbit/s network and a 100 Gbit/s HCA. A probe at
+    /// start-up replaces the classes it can measure.
+    fn default() -> Self {
+        let gbps = |g: f64| 8.0 / (g * 1e9);
+        let memory =
+            LinkCost { alpha: 0.45e-6, beta: 1.0 / 48e9, gamma: 1.0 / 41e9, duplex: false, per_host: false, far: 3.5 };
+        CostModel {
+            costs: [
+                LinkCost { alpha: 0.35e-6, ..memory },
+                memory,
+                LinkCost { alpha: 25e-6, beta: gbps(10.0), gamma: 1.0 / 10e9, duplex: true, per_host: true, far: 1.0 },
+                LinkCost { alpha: 3e-6, beta: gbps(100.0), gamma: 1.0 / 10e9, duplex: true, per_host: true, far: 1.0 },
+                LinkCost {
+                    alpha: 10e-6,
+                    beta: 1.0 / 20e9,
+                    gamma: 1.0 / 200e9,
+                    duplex: true,
+                    per_host: false,
+                    far: 1.0,
+                },
+            ],
+            busy_round: 13e-6,
+            busy_share: 2.0,
+            cache_bytes: 1 << 20,
+        }
+    }
+}
+
+impl CostModel {
+    /// The costs of `class`.
+    pub fn cost(&self, class: LinkClass) -> LinkCost {
+        self.costs[class.index()]
+    }
+    /// Replace the costs of `class`.
+    pub fn set(&mut self, class: LinkClass, cost: LinkCost) {
+        self.costs[class.index()] = cost;
+    }
+
+    /// How much slower than in cache `cost` moves a call touching `bytes` per rank.
+    fn slowdown(&self, cost: &LinkCost, bytes: u64) -> f64 {
+        if cost.far <= 1.0 || bytes <= self.cache_bytes {
+            return 1.0;
+        }
+        let octaves = ((bytes as f64) / (self.cache_bytes.max(1) as f64)).log2().min(5.0);
+        cost.far.powf(octaves / 5.0)
+    }
+}
+
+/// Which class links two ranks: `local` within a host, `remote` across hosts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Links<'a> {
+    /// Host index of every rank (empty: one host).
+    pub hosts: &'a [usize],
+    /// Class of links inside a host.
+    pub local: LinkClass,
+    /// Class of links between hosts.
+    pub remote: LinkClass,
+    /// Hosts whose ranks outnumber their cores (`busy[h]`; empty: none).
+    pub busy: &'a [bool],
+}
+
+impl Links<'_> {
+    fn host(&self, r: usize) -> usize {
+        self.hosts.get(r).copied().unwrap_or(0)
+    }
+    fn busy(&self, r: usize) -> bool {
+        self.busy.get(self.host(r)).copied().unwrap_or(false)
+    }
+    fn class(&self, a: usize, b: usize) -> LinkClass {
+        if self.host(a) == self.host(b) {
+            self.local
+        } else {
+            self.remote
+        }
+    }
+}
+
+/// The terms of a prediction along its critical path.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Terms {
+    /// Messages on the path (the `steps` of `alpha x steps`).
+    pub steps: usize,
+    /// Bytes on the wire along the path.
+    pub wire_bytes: u64,
+    /// Bytes reduced or copied along the path.
+    pub reduced_bytes: u64,
+    /// Seconds of `alpha x steps`.
+    pub alpha_s: f64,
+    /// Seconds of `beta x bytes`.
+    pub beta_s: f64,
+    /// Seconds of `gamma x bytes reduced`.
+    pub gamma_s: f64,
+}
+
+impl Terms {
+    /// Predicted seconds: the sum of the three terms.
+    pub fn seconds(&self) -> f64 {
+        self.alpha_s + self.beta_s + self.gamma_s
+    }
+    fn add(&mut self, o: &Terms) {
+        self.steps += o.steps;
+        self.wire_bytes += o.wire_bytes;
+        self.reduced_bytes += o.reduced_bytes;
+        self.alpha_s += o.alpha_s;
+        self.beta_s += o.beta_s;
+        self.gamma_s += o.gamma_s;
+    }
+}
+
+/// Per-class tallies of one rank's round.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    msgs: usize,
+    sent: u64,
+    received: u64,
+    reduced: u64,
+}
+
+/// Predict the time of one call from the schedules of all its ranks
+/// (`schedules[r]` is rank r's). Returns the terms along the critical path; their
+/// sum is the prediction.
+pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> Terms {
+    let n = schedules.len();
+    let rounds = schedules.iter().map(|s| s.rounds.len()).max().unwrap_or(0);
+    // Path to the end of each rank's latest round.
+    let mut done: Vec<Terms> = vec![Terms::default(); n];
+    let mut next: Vec<Terms> = vec![Terms::default(); n];
+    let hosts = links.hosts.iter().max().map_or(1, |m| m + 1);
+    let mut crossing = vec![0usize; hosts];
+    let mut tallies = vec![[Tally::default(); 5]; n];
+    // What each rank's call touches: its largest buffer and its scratch.
+    let touched: Vec<u64> = schedules.iter().map(|s| (data_bytes(s) + s.scratch_bytes) as u64).collect();
+    for t in 0..rounds {
+        crossing.iter_mut().for_each(|c| *c = 0);
+        for (r, s) in schedules.iter().enumerate() {
+            let tally = &mut tallies[r];
+            *tally = [Tally::default(); 5];
+            let Some(round) = s.rounds.get(t) else { continue };
+            let mut crosses = false;
+            for step in &round.steps {
+                let Some(p) = step.peer() else { continue };
+                let class = links.class(r, p);
+                crosses |= class == links.remote && links.host(r) != links.host(p);
+                let k = &mut tally[class.index()];
+                k.msgs += 1;
+                match *step {
+                    Step::Send { src, .. } => k.sent += src.len as u64,
+                    Step::Recv { dst, .. } => k.received += dst.len as u64,
+                    Step::RecvReduce { dst, .. } => {
+                        k.received += dst.len as u64;
+                        k.reduced += dst.len as u64;
+                    }
+                    Step::RecvReduceSend { dst, .. } => {
+                        k.received += dst.len as u64;
+                        k.reduced += dst.len as u64;
+                        k.sent += dst.len as u64;
+                    }
+                    Step::Copy { .. } | Step::Reduce { .. } => {}
+                }
+            }
+            if crosses {
+                crossing[links.host(r)] += 1;
+            }
+        }
+        for (r, s) in schedules.iter().enumerate() {
+            let Some(round) = s.rounds.get(t) else {
+                next[r] = done[r];
+                continue;
+            };
+            // Starts once it and every peer of the round have finished the last one.
+            let mut from = r;
+            for p in round.steps.iter().filter_map(Step::peer) {
+                if done[p].seconds() > done[from].seconds() {
+                    from = p;
+                }
+            }
+            let mut path = done[from];
+            let mut terms =
+                round_terms(round.steps.as_slice(), &tallies[r], crossing[links.host(r)], touched[r], links, model);
+            if links.busy(r) {
+                terms.beta_s *= model.busy_share;
+                terms.gamma_s *= model.busy_share;
+                if round.steps.iter().any(|s| s.peer().is_some()) {
+                    terms.alpha_s += model.busy_round;
+                }
+            }
+            path.add(&terms);
+            next[r] = path;
+        }
+        std::mem::swap(&mut done, &mut next);
+    }
+    done.into_iter().fold(Terms::default(), |a, b| if b.seconds() > a.seconds() { b } else { a })
+}
+
+/// The terms of one rank's round: local work, then the slowest class of its
+/// concurrent transfers.
+fn round_terms(
+    steps: &[Step],
+    tally: &[Tally; 5],
+    crossing: usize,
+    touched: u64,
+    links: &Links<'_>,
+    model: &CostModel,
+) -> Terms {
+    let local = model.cost(links.local);
+    let local_gamma = local.gamma * model.slowdown(&local, touched);
+    let mut t = Terms::default();
+    for s in steps {
+        if let Step::Copy { dst, .. } | Step::Reduce { dst, .. } = s {
+            t.reduced_bytes += dst.len as u64;
+            t.gamma_s += dst.len as f64 * local_gamma;
+        }
+    }
+    let mut slowest = Terms::default();
+    for class in LinkClass::ALL {
+        let k = &tally[class.index()];
+        if k.msgs == 0 {
+            continue;
+        }
+        let c = model.cost(class);
+        let moved = if c.duplex { k.sent.max(k.received) } else { k.sent + k.received };
+        let share = if c.per_host && class == links.remote { crossing.max(1) as f64 } else { 1.0 };
+        let slow = model.slowdown(&c, touched);
+        let this = Terms {
+            steps: k.msgs,
+            wire_bytes: k.sent + k.received,
+            reduced_bytes: k.reduced,
+            alpha_s: k.msgs as f64 * c.alpha,
+            beta_s: moved as f64 * c.beta * share * slow,
+            gamma_s: k.reduced as f64 * c.gamma * slow,
+        };
+        if this.seconds() > slowest.seconds() {
+            slowest = this;
+        }
+    }
+    t.add(&slowest);
+    t
+}
+
+/// Bytes of the larger of a rank's caller buffers, as far as its steps reach.
+fn data_bytes(s: &Schedule) -> usize {
+    use crate::algorithm::BufId;
+    let mut end = [0usize; 2];
+    for step in s.rounds.iter().flat_map(|r| &r.steps) {
+        let regions = match *step {
+            Step::Send { src, .. } => [Some(src), None],
+            Step::Recv { dst, .. } => [Some(dst), None],
+            Step::RecvReduce { src, dst, .. } | Step::RecvReduceSend { src, dst, .. } => [Some(src), Some(dst)],
+            Step::Reduce { src, dst } | Step::Copy { src, dst } => [Some(src), Some(dst)],
+        };
+        for r in regions.into_iter().flatten() {
+            match r.buf {
+                BufId::Input => end[0] = end[0].max(r.end()),
+                BufId::Output => end[1] = end[1].max(r.end()),
+                BufId::Scratch => {}
+            }
+        }
+    }
+    end[0].max(end[1])
+}

@@ -1,0 +1,152 @@
+//! The tuner: which algorithm a call runs. Every candidate the policy allows is
+//! planned for every rank and priced by the cost model ([`cost`]); the cheapest
+//! wins. Planning and pricing are pure functions of the call, the host layout and
+//! the model, so every rank that agrees on those picks the same algorithm (and the
+//! algorithm travels in each frame's header, so one that did not is an error).
+
+pub mod cost;
+mod policy;
+
+pub use cost::{predict, CostModel, LinkClass, LinkCost, Links, Terms};
+pub use policy::AlgoPolicy;
+
+use crate::algorithm::{self, Algorithm, PlanParams, PlanRequest, Schedule};
+use crate::types::OpKind;
+
+/// Predictions this close (a fraction of the best) count as a tie, which the
+/// planner's order of preference breaks: the model sees rounds and bytes, not the
+/// executor's fused forwards and single-copy paths, which favour the older, simpler
+/// schedules by a few percent where the model cannot tell them apart.
+pub const TIE_MARGIN: f64 = 0.05;
+
+/// One call to price: what `braid explain` and the engine ask about.
+#[derive(Clone, Copy, Debug)]
+pub struct Call<'a> {
+    /// The collective.
+    pub op: OpKind,
+    /// Element count as in [`crate::types::CallSig::count`].
+    pub count: usize,
+    /// Bytes per element.
+    pub elem_size: usize,
+    /// Root of rooted ops.
+    pub root: usize,
+    /// Host index of every rank; its length is the world size.
+    pub hosts: &'a [usize],
+    /// Hosts whose ranks outnumber their cores (`busy[h]`; empty: none).
+    pub busy: &'a [bool],
+}
+
+/// A priced candidate.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// The terms along its critical path (their sum is the prediction).
+    pub terms: Terms,
+}
+
+/// The schedules of every rank of `call` under `algorithm`.
+pub fn plan_all(call: &Call<'_>, algorithm: Algorithm, params: &PlanParams) -> Result<Vec<Schedule>, String> {
+    let world = call.hosts.len();
+    // One host needs no layout: the planners then take their single-host shapes.
+    let hosts: &[usize] = if call.hosts.iter().all(|&h| h == 0) { &[] } else { call.hosts };
+    (0..world)
+        .map(|rank| {
+            let req = PlanRequest {
+                op: call.op,
+                rank,
+                world,
+                count: call.count,
+                elem_size: call.elem_size,
+                root: call.root,
+                algorithm: Some(algorithm),
+                hosts,
+            };
+            algorithm::plan_with(&req, params)
+        })
+        .collect()
+}
+
+/// Price every algorithm in `allowed` for `call`, cheapest first (ties keep the
+/// order of `allowed`, so the choice is the same on every rank).
+pub fn rank_candidates(
+    call: &Call<'_>,
+    allowed: &[Algorithm],
+    links: LinkPair,
+    model: &CostModel,
+    params: &PlanParams,
+) -> Result<Vec<Candidate>, String> {
+    let links = Links { hosts: call.hosts, local: links.local, remote: links.remote, busy: call.busy };
+    let mut out = Vec::with_capacity(allowed.len());
+    for &algorithm in allowed {
+        let schedules = plan_all(call, algorithm, params)?;
+        out.push(Candidate { algorithm, terms: predict(&schedules, &links, model) });
+    }
+    out.sort_by(|a, b| a.terms.seconds().total_cmp(&b.terms.seconds()));
+    Ok(out)
+}
+
+/// The pick among `ranked` (cheapest first, from [`rank_candidates`] over
+/// `allowed`): the first of `allowed` within [`TIE_MARGIN`] of the cheapest.
+pub fn choose(allowed: &[Algorithm], ranked: &[Candidate]) -> Algorithm {
+    let Some(best) = ranked.first() else { return allowed[0] };
+    let limit = best.terms.seconds() * (1.0 + TIE_MARGIN);
+    let near = |a: &Algorithm| ranked.iter().any(|c| c.algorithm == *a && c.terms.seconds() <= limit);
+    allowed.iter().copied().find(near).unwrap_or(best.algorithm)
+}
+
+/// The link classes of a communicator: inside a host and between hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkPair {
+    /// Inside a host.
+    pub local: LinkClass,
+    /// Between hosts.
+    pub remote: LinkClass,
+}
+
+/// What the engine keeps to choose algorithms: the policy, the model and the links.
+#[derive(Clone, Debug)]
+pub struct Tuner {
+    /// Allowed algorithms per collective.
+    pub policy: AlgoPolicy,
+    /// Link costs.
+    pub model: CostModel,
+    /// Link classes.
+    pub links: LinkPair,
+}
+
+impl Tuner {
+    /// A tuner with the built-in model.
+    pub fn new(policy: AlgoPolicy, links: LinkPair) -> Tuner {
+        Tuner { policy, model: CostModel::default(), links }
+    }
+
+    /// The algorithm for `call`: the only one allowed, or else the first in the
+    /// planner's order of preference (ring before the rest, chain before tree)
+    /// predicted within [`TIE_MARGIN`] of the cheapest. Errors only for ops without
+    /// a schedule (send, receive).
+    pub fn pick(&self, call: &Call<'_>) -> Result<Algorithm, String> {
+        let allowed = self.policy.allowed(call.op);
+        match allowed.as_slice() {
+            [] => Err(format!("{} has no collective algorithm", call.op)),
+            [only] => Ok(*only),
+            _ => {
+                let ranked = rank_candidates(call, &allowed, self.links, &self.model, &PlanParams::default())?;
+                Ok(choose(&allowed, &ranked))
+            }
+        }
+    }
+}
+
+/// busbw / algbw for `op` over `n` ranks (nccl-tests' convention).
+pub fn bus_factor(op: OpKind, n: usize) -> f64 {
+    let n = n.max(1) as f64;
+    match op {
+        OpKind::AllReduce => 2.0 * (n - 1.0) / n,
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,154 @@
+//! Tuner tests: the policy syntax, the cost model's arithmetic on schedules whose
+//! critical path is known by hand, and picks that follow from it.
+
+use super::*;
+use crate::algorithm::{BufId, Region, Round, Step};
+
+fn policy(s: &str) -> AlgoPolicy {
+    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+#[test]
+fn policy_syntax_follows_nccl() {
+    assert!(policy("auto").is_auto() && policy("").is_auto());
+    let p = policy("allreduce:ring,direct;broadcast:chain");
+    assert_eq!(p.allowed(OpKind::AllReduce), vec![Algorithm::Ring, Algorithm::Direct]);
+    assert_eq!(p.allowed(OpKind::Broadcast), vec![Algorithm::Chain]);
+    assert_eq!(p.allowed(OpKind::AllGather), algorithms_for(OpKind::AllGather).to_vec(), "unnamed ops keep all");
+    // Excluding, per op and globally.
+    let p = policy("all-reduce:^ring");
+    assert!(!p.allowed(OpKind::AllReduce).contains(&Algorithm::Ring));
+    assert!(p.allowed(OpKind::AllReduce).contains(&Algorithm::Direct));
+    let p = policy("^chain");
+    assert_eq!(p.allowed(OpKind::Reduce), vec![Algorithm::Tree, Algorithm::Hierarchical]);
+    // A global list applies where it can and leaves the rest alone.
+    let p = policy("ring");
+    assert_eq!(p.allowed(OpKind::AllReduce), vec![Algorithm::Ring]);
+    assert_eq!(p.allowed(OpKind::Broadcast), algorithms_for(OpKind::Broadcast).to_vec());
+    // The op's own rule beats the global one.
+    let p = policy("ring;broadcast:tree");
+    assert_eq!(p.allowed(OpKind::Broadcast), vec![Algorithm::Tree]);
+    assert_eq!(p.allowed(OpKind::AllGather), vec![Algorithm::Ring]);
+    // Round trip through Display.
+    for s in ["allreduce:ring,direct;broadcast:^tree", "ring", "^chain"] {
+        assert_eq!(policy(&policy(s).to_string()), policy(s), "{s}");
+    }
+    assert_eq!(AlgoPolicy::only(Algorithm::Direct), policy("direct"));
+}
+
+#[test]
+fn policy_errors_name_the_problem() {
+    let err = |s: &str| s.parse::<AlgoPolicy>().expect_err(s);
+    assert!(err("allreduce:chain").contains("chain cannot run all-reduce"), "{}", err("allreduce:chain"));
+    assert!(err("broadcast:ring").contains("broadcast"));
+    assert!(err("allreduce:warp").contains("unknown algorithm `warp`"));
+    assert!(err("allgatherz:ring").contains("allgatherz"));
+    assert!(err("alltoall:^pairwise").contains("leaves all-to-all no algorithm"));
+    assert!(err("send:ring").contains("point-to-point"));
+    assert!(err("allreduce:ring;allreduce:direct").contains("named twice"));
+    assert!(err("ring;direct").contains("only one list"));
+    assert!(err("allreduce:").contains("no algorithm named"));
+}
+
+fn terms(schedules: &[Schedule], local: LinkClass, model: &CostModel) -> Terms {
+    predict(schedules, &Links { hosts: &[], local, remote: LinkClass::Tcp, busy: &[] }, model)
+}
+
+fn sched(rounds: Vec<Vec<Step>>) -> Schedule {
+    Schedule {
+        algorithm: Algorithm::Direct,
+        rounds: rounds.into_iter().map(|steps| Round { steps }).collect(),
+        scratch_bytes: 0,
+        finalize: vec![],
+    }
+}
+
+fn unit_model() -> CostModel {
+    let mut m = CostModel::default();
+    let c = LinkCost { alpha: 1.0, beta: 0.01, gamma: 0.001, duplex: false, per_host: false, far: 1.0 };
+    m.set(LinkClass::SharedMemory, c);
+    m.set(LinkClass::Tcp, LinkCost { duplex: true, per_host: true, ..c });
+    m
+}
+
+#[test]
+fn critical_path_waits_for_the_slowest_peer() {
+    // Rank 1 first spends a long local copy; rank 0's round-1 exchange with it waits.
+    let r = |len| Region::new(BufId::Output, 0, len);
+    let s0 = sched(vec![vec![], vec![Step::Send { peer: 1, src: r(100) }]]);
+    let s1 = sched(vec![
+        vec![Step::Copy { src: Region::new(BufId::Input, 0, 5000), dst: r(5000) }],
+        vec![Step::Recv { peer: 0, dst: r(100) }],
+    ]);
+    let t = terms(&[s0, s1], LinkClass::SharedMemory, &unit_model());
+    // Path: rank 1's copy (5 s of gamma), then one message of 100 bytes (1 + 1 s).
+    assert_eq!(t.steps, 1);
+    assert_eq!(t.wire_bytes, 100);
+    assert_eq!(t.reduced_bytes, 5000);
+    assert!((t.seconds() - 7.0).abs() < 1e-9, "{t:?}");
+}
+
+#[test]
+fn memory_links_pay_both_directions_and_nics_are_shared_by_a_host() {
+    let r = |len| Region::new(BufId::Output, 0, len);
+    let swap = |peer| sched(vec![vec![Step::Send { peer, src: r(100) }, Step::Recv { peer, dst: r(100) }]]);
+    let m = unit_model();
+    // Shared memory: a rank copies out and in (200 bytes); TCP is duplex (100).
+    let shm = terms(&[swap(1), swap(0)], LinkClass::SharedMemory, &m);
+    assert!((shm.seconds() - (2.0 + 2.0)).abs() < 1e-9, "{shm:?}");
+    let hosts = [0, 1];
+    let tcp = predict(
+        &[swap(1), swap(0)],
+        &Links { hosts: &hosts, local: LinkClass::SharedMemory, remote: LinkClass::Tcp, busy: &[] },
+        &m,
+    );
+    assert!((tcp.seconds() - (2.0 + 1.0)).abs() < 1e-9, "{tcp:?}");
+    // Two ranks of host 0 crossing in the same round share its NIC: twice the beta.
+    let hosts = [0, 0, 1, 1];
+    let s = vec![swap(2), swap(3), swap(0), swap(1)];
+    let shared =
+        predict(&s, &Links { hosts: &hosts, local: LinkClass::SharedMemory, remote: LinkClass::Tcp, busy: &[] }, &m);
+    assert!((shared.seconds() - (2.0 + 2.0)).abs() < 1e-9, "{shared:?}");
+}
+
+fn pick(op: OpKind, bytes: usize, hosts: &[usize], local: LinkClass) -> Algorithm {
+    let tuner = Tuner::new(AlgoPolicy::auto(), LinkPair { local, remote: LinkClass::Tcp });
+    tuner.pick(&Call { op, count: bytes / 4, elem_size: 4, root: 0, hosts, busy: &[] }).unwrap()
+}
+
+#[test]
+fn ring_wins_large_all_reduce_and_many_ranks_do_not_pick_direct() {
+    for n in [2, 4, 8] {
+        let a = pick(OpKind::AllReduce, 64 << 20, &vec![0; n], LinkClass::SharedMemory);
+        assert!(!matches!(a, Algorithm::Direct | Algorithm::Doubling), "{n} ranks, 64 MiB: {a}");
+    }
+    let a = pick(OpKind::AllGather, 4 << 20, &[0; 16], LinkClass::InProcess);
+    assert_ne!(a, Algorithm::Direct);
+}
+
+#[test]
+fn the_only_allowed_algorithm_is_taken_without_pricing() {
+    let tuner = Tuner::new(policy("allreduce:direct"), LinkPair { local: LinkClass::Tcp, remote: LinkClass::Tcp });
+    let call = Call { op: OpKind::AllReduce, count: 1 << 24, elem_size: 4, root: 0, hosts: &[0; 8], busy: &[] };
+    assert_eq!(tuner.pick(&call).unwrap(), Algorithm::Direct);
+    let call = Call { op: OpKind::Send, ..call };
+    assert!(tuner.pick(&call).is_err());
+}
+
+#[test]
+fn ranking_is_sorted_and_deterministic() {
+    let call = Call { op: OpKind::AllReduce, count: 1000, elem_size: 4, root: 0, hosts: &[0; 5], busy: &[] };
+    let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
+    let all = algorithms_for(OpKind::AllReduce);
+    let a = rank_candidates(&call, all, links, &CostModel::default(), &PlanParams::default()).unwrap();
+    let b = rank_candidates(&call, all, links, &CostModel::default(), &PlanParams::default()).unwrap();
+    assert_eq!(a.len(), all.len());
+    assert!(a.windows(2).all(|w| w[0].terms.seconds() <= w[1].terms.seconds()));
+    let names = |v: &[Candidate]| v.iter().map(|c| c.algorithm).collect::<Vec<_>>();
+    assert_eq!(names(&a), names(&b));
+    for c in &a {
+        assert!(c.terms.seconds() > 0.0 && c.terms.steps > 0, "{c:?}");
+    }
+}
+
+use crate::algorithm::algorithms_for;
