@@ -5,6 +5,9 @@
 //! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK` | who this process is |
 //! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT` or `file:///PATH` |
 //! | `BRAID_ALGO` | algorithms each collective may use, NCCL's syntax: `ring,tree`, `allreduce:ring;broadcast:chain`, `^tree`, or `auto` (default: the tuner picks among all) |
+//! | `BRAID_DETERMINISTIC` | `1`: reproducible mode, reducing collectives fold each element in rank order (bitwise-identical results whatever the algorithm, chunk size or host split) |
+//! | `BRAID_TUNER_PROBE` | `0`: the tuner keeps its built-in link costs instead of measuring them at start-up |
+//! | `BRAID_CACHE_DIR` | per-host cache of probed link costs (default `$XDG_CACHE_HOME/braid`, else `$HOME/.cache/braid`) |
 //! | `BRAID_TRANSPORTS` | comma list restricting transports (`shm`, `rdma`, `tcp`; one that cannot run here is dropped, saying why at debug level) |
 //! | `BRAID_SOCKET_IFNAME` | interfaces for TCP, NCCL syntax: `eth`, `^docker`, `=eth0` |
 //! | `BRAID_TIMEOUT` | deadline of every wait: `30`, `500ms`, `5m` (default 60 s) |
@@ -47,6 +50,16 @@ pub struct Config {
     pub store: Option<String>,
     /// Algorithms each collective may use; the tuner picks among them.
     pub algorithms: crate::tuner::AlgoPolicy,
+    /// Reproducible mode (`BRAID_DETERMINISTIC`): reducing collectives fold every
+    /// element in rank order, so results are bitwise identical whatever the
+    /// algorithm, chunk size or host split.
+    pub deterministic: bool,
+    /// Measure link costs at start-up for the tuner (`BRAID_TUNER_PROBE`, default on;
+    /// results are cached on disk per host).
+    pub tuner_probe: bool,
+    /// Where per-host caches (the tuner's probe) live (`BRAID_CACHE_DIR`; default
+    /// `$XDG_CACHE_HOME/braid` or `$HOME/.cache/braid`).
+    pub cache_dir: Option<std::path::PathBuf>,
     /// Allowed transports, None for all.
     pub transports: Option<Vec<TransportKind>>,
     /// TCP interface filter in NCCL syntax.
@@ -80,6 +93,9 @@ impl Config {
             local_rank: None,
             store: None,
             algorithms: crate::tuner::AlgoPolicy::auto(),
+            deterministic: false,
+            tuner_probe: true,
+            cache_dir: None,
             transports: None,
             socket_ifname: None,
             timeout: DEFAULT_TIMEOUT,
@@ -145,6 +161,9 @@ impl Config {
         if let Some(a) = get("BRAID_ALGO") {
             cfg.algorithms = a.parse().map_err(|e| Error::Config(format!("BRAID_ALGO: {e}")))?;
         }
+        cfg.deterministic = flag(&get, "BRAID_DETERMINISTIC")?.unwrap_or(false);
+        cfg.tuner_probe = flag(&get, "BRAID_TUNER_PROBE")?.unwrap_or(true);
+        cfg.cache_dir = get("BRAID_CACHE_DIR").filter(|s| !s.is_empty()).map(std::path::PathBuf::from);
         if let Some(t) = get("BRAID_TRANSPORTS") {
             let list = t
                 .split(',')
@@ -185,6 +204,20 @@ impl Config {
         cfg.debug = get("BRAID_DEBUG").filter(|s| !s.is_empty());
         cfg.job_key = crate::auth::JobKey::from_text(&get("BRAID_JOB_KEY").unwrap_or_default());
         Ok(cfg)
+    }
+}
+
+/// A boolean variable: `1`, `true`, `on`, `yes` or `0`, `false`, `off`, `no`
+/// (any case); None when unset or empty.
+fn flag(get: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<bool>> {
+    match get(name).map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => match v.as_str() {
+            "1" | "true" | "on" | "yes" => Ok(Some(true)),
+            "0" | "false" | "off" | "no" => Ok(Some(false)),
+            _ => Err(Error::Config(format!("{name}=`{v}` is not a boolean (use 1 or 0)"))),
+        },
     }
 }
 
@@ -293,12 +326,8 @@ impl Tuning {
         if let Some(v) = get("BRAID_NT_STORES") {
             t.nt_stores = v.parse().map_err(|e| Error::Config(format!("BRAID_NT_STORES: {e}")))?;
         }
-        if let Some(v) = get("BRAID_CMA") {
-            t.cma = match v.trim().to_ascii_lowercase().as_str() {
-                "1" | "true" | "yes" | "on" => true,
-                "0" | "false" | "no" | "off" | "" => false,
-                other => return Err(Error::Config(format!("BRAID_CMA: `{other}` is not 0 or 1"))),
-            };
+        if let Some(on) = flag(get, "BRAID_CMA")? {
+            t.cma = on;
         }
         Ok(t)
     }

@@ -7,7 +7,7 @@
 //! 16 op u8  17 dtype u8  18 reduce op u8  19 epoch u8
 //! 20 root / peer u32
 //! 24 count u64
-//! 32 payload length u32   36 algorithm u8   37 reserved (3 bytes, zero)
+//! 32 payload length u32   36 algorithm u8 (bit 7: reproducible mode)   37 reserved (3 bytes, zero)
 //! ```
 //! Little-endian. Every data frame repeats the call's signature, so a rank that
 //! receives a frame of another call reports both calls instead of corrupting data.
@@ -111,7 +111,8 @@ impl Header {
         let op = OpKind::from_code(b[16]).ok_or_else(|| format!("unknown op code {}", b[16]))?;
         let dtype = DType::from_code(b[17]).ok_or_else(|| format!("unknown dtype code {}", b[17]))?;
         let reduce_op = ReduceOp::from_code(b[18]).ok_or_else(|| format!("unknown reduce op code {}", b[18]))?;
-        if b[36] != 0 && crate::algorithm::Algorithm::from_code(b[36]).is_none() {
+        let algo = b[36] & !crate::types::REPRODUCIBLE;
+        if algo != 0 && crate::algorithm::Algorithm::from_code(algo).is_none() {
             return Err(format!("unknown algorithm code {}", b[36]));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
@@ -196,14 +197,15 @@ mod tests {
                 any::<u32>(),
                 code(ReduceOp::from_code),
                 0..=crate::algorithm::Algorithm::ALL.len() as u8,
+                any::<bool>(),
             )
-                .prop_map(|(op, dtype, count, root, reduce_op, algo)| CallSig {
+                .prop_map(|(op, dtype, count, root, reduce_op, algo, reproducible)| CallSig {
                     op,
                     dtype,
                     count,
                     root,
                     reduce_op,
-                    algo,
+                    algo: algo | if reproducible { crate::types::REPRODUCIBLE } else { 0 },
                 });
             (kind(), any::<u32>(), any::<u8>(), any::<u64>(), sig, any::<u32>())
                 .prop_map(|(kind, comm_id, epoch, seq, sig, len)| Header { kind, comm_id, epoch, seq, sig, len })

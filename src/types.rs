@@ -281,10 +281,14 @@ pub struct CallSig {
     /// Reduce op for reducing ops, otherwise `Sum`.
     pub reduce_op: ReduceOp,
     /// The algorithm the call runs ([`crate::algorithm::Algorithm::code`]), 0 while
-    /// not yet chosen. On the wire, so that ranks that chose differently fail with
-    /// an error naming both instead of exchanging mismatched pieces.
+    /// not yet chosen, with [`REPRODUCIBLE`] set in reproducible mode. On the wire,
+    /// so that ranks that chose differently fail with an error naming both instead
+    /// of exchanging mismatched pieces.
     pub algo: u8,
 }
+
+/// Bit of [`CallSig::algo`] set when the call runs in reproducible mode.
+pub const REPRODUCIBLE: u8 = 0x80;
 
 impl CallSig {
     /// A signature with the fields that do not apply to `op` normalised, so that
@@ -302,7 +306,15 @@ impl CallSig {
 
     /// This signature running `algorithm`.
     pub fn with_algorithm(self, algorithm: crate::algorithm::Algorithm) -> CallSig {
-        CallSig { algo: algorithm.code(), ..self }
+        CallSig { algo: algorithm.code() | (self.algo & REPRODUCIBLE), ..self }
+    }
+
+    /// This signature in reproducible mode (`on`, reducing ops only: the mode only
+    /// changes how they reduce), so a rank in that mode and one outside it fail
+    /// with an error naming both.
+    pub fn reproducible(self, on: bool) -> CallSig {
+        let bit = if on && self.op.reduces() { REPRODUCIBLE } else { 0 };
+        CallSig { algo: (self.algo & !REPRODUCIBLE) | bit, ..self }
     }
 
     /// Whether a frame sent under `theirs` is what a call `self` expects. A send
@@ -328,9 +340,12 @@ impl fmt::Display for CallSig {
             write!(f, ", op={}", self.reduce_op)?;
         }
         f.write_str(")")?;
-        match crate::algorithm::Algorithm::from_code(self.algo) {
-            Some(a) => write!(f, " via {a}"),
-            None => Ok(()),
+        if let Some(a) = crate::algorithm::Algorithm::from_code(self.algo & !REPRODUCIBLE) {
+            write!(f, " via {a}")?;
         }
+        if self.algo & REPRODUCIBLE != 0 {
+            f.write_str(" (reproducible)")?;
+        }
+        Ok(())
     }
 }

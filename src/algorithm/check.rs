@@ -65,7 +65,8 @@ pub fn check_on(
             plan_with(&req, params).map_err(|e| format!("{op} world={world} rank {rank}: {e}"))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    check_schedules(op, count, elem_size, root, &schedules)
+    let ordered = params.deterministic && super::ordered::applies(op);
+    check_schedules_with(op, count, elem_size, root, &schedules, ordered)
 }
 
 /// Check the schedules of all ranks of one call (`schedules[r]` is rank `r`'s), as
@@ -77,6 +78,20 @@ pub fn check_schedules(
     elem_size: usize,
     root: usize,
     schedules: &[Schedule],
+) -> Result<(), String> {
+    check_schedules_with(op, count, elem_size, root, schedules, false)
+}
+
+/// [`check_schedules`], and with `ordered` also that every reduction folds in rank
+/// order: it combines the partial of ranks `0..k` with rank `k`'s input, so each
+/// element ends as `((x_0 ⊕ x_1) ⊕ ...) ⊕ x_{n-1}` (what reproducible mode promises).
+pub fn check_schedules_with(
+    op: OpKind,
+    count: usize,
+    elem_size: usize,
+    root: usize,
+    schedules: &[Schedule],
+    ordered: bool,
 ) -> Result<(), String> {
     let world = schedules.len();
     if world == 0 || elem_size == 0 {
@@ -92,7 +107,7 @@ pub fn check_schedules(
     if let Some(r) = schedules.iter().position(|s| s.algorithm != alg) {
         return Err(format!("{op} world={world}: rank 0 runs {alg} but rank {r} runs {}", schedules[r].algorithm));
     }
-    let c = Checker { op, alg, world, count, es: elem_size, root, scheds: schedules };
+    let c = Checker { op, alg, world, count, es: elem_size, root, scheds: schedules, ordered };
     c.static_checks()?;
     for in_place in [false, true] {
         if in_place && c.in_place_alias(0).is_none() {
@@ -219,6 +234,18 @@ fn combine<S: RankSet>(a: &Val<S>, b: &Val<S>) -> Result<Val<S>, String> {
     }
 }
 
+/// Whether `a ⊕ b` is a step of the rank-order fold: one side is ranks `0..k`, the
+/// other rank `k` alone (either side: the ops are commutative, bit for bit).
+fn folds_in_rank_order<S: RankSet>(a: &S, b: &S) -> bool {
+    let prefix_then = |p: &S, q: &S| {
+        let k = p.words().iter().map(|w| w.count_ones() as usize).sum::<usize>();
+        let q_is_k =
+            k < q.words().len() * 64 && q.words().iter().map(|w| w.count_ones()).sum::<u32>() == 1 && q.contains(k);
+        q_is_k && (0..k).all(|r| p.contains(r))
+    };
+    prefix_then(a, b) || prefix_then(b, a)
+}
+
 fn buf_index(b: BufId) -> usize {
     match b {
         BufId::Input => 0,
@@ -297,6 +324,8 @@ struct Checker<'a> {
     es: usize,
     root: usize,
     scheds: &'a [Schedule],
+    /// Reductions must fold in rank order.
+    ordered: bool,
 }
 
 impl Checker<'_> {
@@ -638,8 +667,11 @@ impl Checker<'_> {
     ) -> Result<(), String> {
         let sp = self.span(lay, dst);
         for (i, slot) in mem[sp.phys][sp.start..sp.end].iter_mut().enumerate() {
-            *slot =
-                combine(&a[i], &b[i]).map_err(|e| format!("{e} at {:?} byte {}", dst.buf, dst.offset + i * self.es))?;
+            let at = || format!("at {:?} byte {}", dst.buf, dst.offset + i * self.es);
+            if self.ordered && !folds_in_rank_order(&a[i].ranks, &b[i].ranks) {
+                return Err(format!("out of rank order: {} with {} {}", a[i].show(), b[i].show(), at()));
+            }
+            *slot = combine(&a[i], &b[i]).map_err(|e| format!("{e} {}", at()))?;
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! chunking and a schedule builder that keeps the invariants the executor and the
 //! checker rely on).
 
-use super::{bruck, chain, dbtree, direct, halving_doubling, hierarchical, pairwise, ring, tree};
+use super::{bruck, chain, dbtree, direct, halving_doubling, hierarchical, ordered, pairwise, ring, tree};
 use super::{Algorithm, PlanParams, PlanRequest, Region, Round, Schedule, Step};
 use crate::types::OpKind;
 
@@ -85,6 +85,12 @@ pub(crate) fn plan(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Schedul
         let expected = if names.is_empty() { "none; it is point-to-point".to_string() } else { names.join(", ") };
         Err(format!("algorithm `{alg}` does not implement {} (available: {expected})", req.op))
     };
+    if params.deterministic && ordered::applies(req.op) {
+        if !super::algorithms_for(req.op).contains(&alg) {
+            return unsupported();
+        }
+        return Ok(ordered::plan(req, alg));
+    }
     match (req.op, alg) {
         (OpKind::AllReduce, Algorithm::Ring) => Ok(ring::all_reduce(req)),
         (OpKind::AllReduce, Algorithm::Direct) => Ok(direct::all_reduce(req)),

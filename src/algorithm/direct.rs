@@ -6,7 +6,7 @@ use super::collectives::Builder;
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule};
 
 /// Scratch slot of peer `p` on rank `r`: slots are packed, skipping `r` itself.
-fn slot(r: usize, p: usize) -> usize {
+pub(super) fn slot(r: usize, p: usize) -> usize {
     if p < r {
         p
     } else {
@@ -23,7 +23,14 @@ fn slot(r: usize, p: usize) -> usize {
 /// operand is its own data, so the initial copy is a no-op in place). Any other
 /// rank must not overwrite `out` before reading its own data, so it accumulates in
 /// rank 0's slot up to and including its own operand, then copies to `out`.
-fn fold_in_rank_order(b: &mut Builder, t: usize, rank: usize, n: usize, src: impl Fn(usize) -> Region, out: Region) {
+pub(super) fn fold_in_rank_order(
+    b: &mut Builder,
+    t: usize,
+    rank: usize,
+    n: usize,
+    src: impl Fn(usize) -> Region,
+    out: Region,
+) {
     if rank == 0 {
         b.copy(t, src(0), out);
         for p in 1..n {

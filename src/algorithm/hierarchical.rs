@@ -158,28 +158,41 @@ pub fn all_reduce(req: &PlanRequest<'_>, _params: &PlanParams) -> Schedule {
 /// host once. The own block is copied to Output first (a no-op in place) and sent
 /// from there.
 pub fn all_gather(req: &PlanRequest<'_>, _params: &PlanParams) -> Schedule {
-    let hs = Hosts::new(req);
-    if hs.flat() {
+    if is_flat(req) {
         return ring::all_gather_as(req, Algorithm::Hierarchical);
     }
     let bytes = req.count * req.elem_size;
-    let block = |q: Option<usize>| q.map_or(NONE, |q| Region::new(BufId::Output, q * bytes, bytes));
+    let block = |q: usize| Region::new(BufId::Output, q * bytes, bytes);
     let mut b = Builder::new();
-    b.copy(0, Region::new(BufId::Input, 0, bytes), block(Some(req.rank)));
+    b.copy(0, Region::new(BufId::Input, 0, bytes), block(req.rank));
+    all_gather_blocks(&mut b, 0, req, block);
+    b.finish(Algorithm::Hierarchical, 0, Vec::new())
+}
+
+/// Whether the layout has one level only (one host, or one rank per host).
+pub(super) fn is_flat(req: &PlanRequest) -> bool {
+    Hosts::new(req).flat()
+}
+
+/// The rounds of [`all_gather`] from round `t0` on a layout that is not flat, with
+/// rank `q`'s block in `block(q)` (blocks may differ in size; each rank already
+/// holds its own).
+pub(super) fn all_gather_blocks(b: &mut Builder, t0: usize, req: &PlanRequest, block: impl Fn(usize) -> Region) {
+    let hs = Hosts::new(req);
+    let block = |q: Option<usize>| q.map_or(NONE, &block);
     for i in hs.my_lanes() {
         let ranks = hs.lane_ring(i);
-        all_gather_rounds(&mut b, 0, Ring::new(&ranks, req.rank), 0, |h| block(hs.at(h, i)), false);
+        all_gather_rounds(b, t0, Ring::new(&ranks, req.rank), 0, |h| block(hs.at(h, i)), false);
     }
-    let (t1, l) = (hs.num_hosts() - 1, hs.mine().len());
+    let (t1, l) = (t0 + hs.num_hosts() - 1, hs.mine().len());
     if l > 1 {
         let intra = Ring::new(hs.mine(), req.rank);
         for k in 0..hs.layers() {
             for h in 0..hs.num_hosts() {
-                all_gather_rounds(&mut b, t1, intra, 0, |j| block(hs.at(h, k * l + j)), false);
+                all_gather_rounds(b, t1, intra, 0, |j| block(hs.at(h, k * l + j)), false);
             }
         }
     }
-    b.finish(Algorithm::Hierarchical, 0, Vec::new())
 }
 
 /// Hierarchical reduce-scatter: inside each host, then across hosts per lane.

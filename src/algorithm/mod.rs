@@ -19,6 +19,7 @@ mod dbtree;
 mod direct;
 mod halving_doubling;
 mod hierarchical;
+mod ordered;
 mod pairwise;
 pub mod ring;
 #[cfg(test)]
@@ -378,6 +379,10 @@ pub struct PlanParams {
     /// Default choice: `Tree` for broadcast and reduce up to this many bytes, `Chain`
     /// above (the chain's bandwidth wins once the message is long enough to pipeline).
     pub tree_max_bytes: usize,
+    /// Reproducible mode: reducing ops fold every element in rank order (see the
+    /// `ordered` planners), so results do not depend on the algorithm, segment size
+    /// or host layout.
+    pub deterministic: bool,
 }
 
 impl Default for PlanParams {
@@ -387,6 +392,7 @@ impl Default for PlanParams {
             direct_max_bytes: 64 * 1024,
             direct_max_world: 8,
             tree_max_bytes: 64 * 1024,
+            deterministic: false,
         }
     }
 }

@@ -451,3 +451,45 @@ fn catches_bad_finalize_and_barrier() {
     }
     expect_err(OpKind::Barrier, 0, &s, "without hearing from");
 }
+
+/// Random calls of every planner for worlds up to 1024 ranks, on one host or split
+/// over hosts (grouped or interleaved), in both modes. Element counts stay small
+/// where the buffers grow with the world (all-gather, reduce-scatter, all-to-all,
+/// direct), which keeps the symbolic execution within memory.
+mod large_worlds {
+    use super::super::check::check_on;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn call() -> impl Strategy<Value = (OpKind, usize, usize, Vec<usize>, usize, usize, bool)> {
+        let ops = prop::sample::select(
+            OpKind::ALL.iter().copied().filter(|&op| !algorithms_for(op).is_empty()).collect::<Vec<_>>(),
+        );
+        let world = prop_oneof![1usize..=64, 65usize..=1024];
+        (ops, world, 1usize..=16, any::<bool>(), any::<prop::sample::Index>(), 0usize..=4, any::<bool>()).prop_flat_map(
+            |(op, n, hosts, grouped, alg, small, det)| {
+                let h = hosts.min(n);
+                let layout: Vec<usize> = (0..n).map(|r| if grouped { r * h / n } else { r % h }).collect();
+                let alg = alg.index(algorithms_for(op).len());
+                let grows = matches!(op, OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll)
+                    || algorithms_for(op)[alg] == Algorithm::Direct;
+                let count = if grows { Just(small).boxed() } else { (0..=2 * n + 3).boxed() };
+                (Just(op), Just(alg), count, Just(layout), 0..n, Just(det), Just(small))
+                    .prop_map(|(op, alg, count, layout, root, det, seg)| (op, alg, count, layout, root, seg + 1, det))
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn every_planner_passes_the_checker((op, alg, count, hosts, root, seg, det) in call()) {
+            let alg = algorithms_for(op)[alg];
+            let params = PlanParams { chain_segment_bytes: 4 * seg, deterministic: det, ..PlanParams::default() };
+            let root = if op.rooted() { root } else { 0 };
+            if let Err(e) = check_on(op, &hosts, count, 4, root, Some(alg), &params) {
+                panic!("{op} {alg} world={} count={count} root={root} det={det}: {e}", hosts.len());
+            }
+        }
+    }
+}

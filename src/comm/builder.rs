@@ -23,6 +23,7 @@
 //! - `topo/…`, `shm/…`, `mesh/…`, `rdma/…`: topology probe and link endpoints.
 //! - `device_domain/{rank}`: the peer domain of the rank's bound device, or that it
 //!   has none, written by every rank after its links are up (see `binding.rs`).
+//! - `tuner/…`: the tuner's start-up probe of link costs (see [`crate::tuner::probe`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -97,6 +98,23 @@ impl CommunicatorBuilder {
     /// The algorithms each collective may use (`BRAID_ALGO`'s syntax parses into it).
     pub fn algorithms(mut self, policy: crate::tuner::AlgoPolicy) -> Self {
         self.config.algorithms = policy;
+        self
+    }
+    /// Reproducible mode: reducing collectives fold every element in rank order, so
+    /// floating-point results are bitwise identical whatever the algorithm, chunk
+    /// size or host split (`BRAID_DETERMINISTIC=1`).
+    pub fn deterministic(mut self, on: bool) -> Self {
+        self.config.deterministic = on;
+        self
+    }
+    /// Whether the tuner measures link costs at start-up (`BRAID_TUNER_PROBE`).
+    pub fn tuner_probe(mut self, on: bool) -> Self {
+        self.config.tuner_probe = on;
+        self
+    }
+    /// Directory of per-host caches (`BRAID_CACHE_DIR`).
+    pub fn cache_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.config.cache_dir = Some(dir.into());
         self
     }
     /// Restrict the transports peers may use (e.g. `[TransportKind::Tcp]`).
@@ -348,8 +366,46 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     if kinds.contains(&Some(TransportKind::Shm)) {
         comm.core.shared.set_stream_tuner(crate::transport::stream_copy::CallTuner::new(stream_switch));
     }
+    if cfg.tuner_probe {
+        install_probed_model(&comm, &cfg, &scoped, &topo.host_of)?;
+    }
     comm.origin = Origin::Store(Box::new(StoreOrigin { store, prefix, cfg, label }));
     Ok(comm)
+}
+
+/// The communicator's own send and receive, for the tuner's probe.
+struct ProbeExchange<'a>(&'a Communicator);
+
+impl crate::tuner::probe::Exchange for ProbeExchange<'_> {
+    fn send(&self, buf: &[u8], peer: usize) -> Result<()> {
+        self.0.send_bytes(buf, crate::types::DType::U8, peer)
+    }
+    fn recv(&self, buf: &mut [u8], peer: usize) -> Result<()> {
+        self.0.recv_bytes(buf, crate::types::DType::U8, peer)
+    }
+    fn class_to(&self, peer: usize) -> Option<crate::tuner::LinkClass> {
+        self.0.transports().get(peer).copied().flatten().map(crate::tuner::LinkClass::of)
+    }
+}
+
+/// Agree on the tuner's link costs (cached or measured, see
+/// [`crate::tuner::probe`]) and install them in this rank's tuner.
+fn install_probed_model(comm: &Communicator, cfg: &Config, scoped: &PrefixStore, hosts: &[usize]) -> Result<()> {
+    let setup = crate::tuner::probe::ProbeSetup {
+        rank: cfg.rank,
+        hosts,
+        store: scoped,
+        timeout: cfg.timeout,
+        cache_dir: cfg.cache_dir.clone().or_else(crate::tuner::probe::default_cache_dir),
+    };
+    let probed = crate::tuner::probe::agree(&setup, &ProbeExchange(comm))?;
+    let mut e = comm.core.shared.lock_engine();
+    e.tuner.model = probed.model;
+    e.tuner.source = probed.source;
+    // Plans priced with the old model go.
+    e.plans.clear();
+    e.recent_plans = Default::default();
+    Ok(())
 }
 
 #[cfg(test)]

@@ -87,7 +87,10 @@ impl Engine {
             p2p_received: vec![0; world],
             timeout: cfg.timeout,
             wait,
-            tuner: Tuner::new(cfg.algorithms.clone(), links),
+            tuner: Tuner {
+                params: algorithm::PlanParams { deterministic: cfg.deterministic, ..Default::default() },
+                ..Tuner::new(cfg.algorithms.clone(), links)
+            },
             hosts: vec![0; world],
             busy_hosts: vec![wait.yield_while_spinning],
             broken: None,
@@ -110,6 +113,13 @@ impl Engine {
     /// A new policy for later calls; plans made under the old one are dropped.
     pub(super) fn set_policy(&mut self, policy: AlgoPolicy) {
         self.tuner.policy = policy;
+        self.plans.clear();
+        self.recent_plans = Default::default();
+    }
+
+    /// Reproducible mode on or off for later calls; plans of the other mode go.
+    pub(super) fn set_deterministic(&mut self, on: bool) {
+        self.tuner.params.deterministic = on;
         self.plans.clear();
         self.recent_plans = Default::default();
     }
@@ -156,7 +166,8 @@ impl Engine {
                     algorithm: Some(algo),
                     hosts: &self.hosts,
                 };
-                let plan = algorithm::plan(&req).map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?;
+                let plan = algorithm::plan_with(&req, &self.tuner.params)
+                    .map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?;
                 if self.plans.len() > 256 {
                     self.plans.clear();
                 }
@@ -284,7 +295,7 @@ impl Engine {
         let seq = self.coll_seq;
         self.coll_seq += 1;
         let schedule = self.schedule(&sig)?;
-        let sig = sig.with_algorithm(schedule.algorithm);
+        let sig = sig.with_algorithm(schedule.algorithm).reproducible(self.tuner.params.deterministic);
         let mut bufs = Buffers {
             input,
             input_len,

@@ -266,6 +266,13 @@ impl Communicator {
         self.core.shared.lock_engine().set_policy(policy);
     }
 
+    /// Reproducible mode for later calls (as `BRAID_DETERMINISTIC`): reducing
+    /// collectives fold every element in rank order. Every rank must agree (a rank
+    /// that does not fails its next reducing call naming both modes).
+    pub fn set_deterministic(&self, on: bool) {
+        self.core.shared.lock_engine().set_deterministic(on);
+    }
+
     /// The schedule this rank would run for `sig`, without running it.
     pub fn plan(&self, sig: &CallSig) -> Result<Arc<Schedule>> {
         self.core.shared.lock_engine().schedule(sig)

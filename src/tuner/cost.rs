@@ -128,7 +128,10 @@ impl Default for CostModel {
     /// VM (2 ranks, shared memory: ring against direct all-reduce from 4 KiB to 64
     /// MiB gives beta, gamma, and how much both slow down past the cache); TCP and
     /// RDMA assumed for a 10 Gbit/s network and a 100 Gbit/s HCA. A probe at
-    /// start-up replaces the classes it can measure.
+    /// start-up replaces the classes it can measure (see [`super::probe`]: the
+    /// local class of a store-built communicator whose hosts hold two ranks, and
+    /// the remote class when it spans two hosts), each measured value kept within
+    /// `[0.1x, 10x]` of these.
     fn default() -> Self {
         let gbps = |g: f64| 8.0 / (g * 1e9);
         let memory =

@@ -3,12 +3,24 @@
 //! wins. Planning and pricing are pure functions of the call, the host layout and
 //! the model, so every rank that agrees on those picks the same algorithm (and the
 //! algorithm travels in each frame's header, so one that did not is an error).
+//!
+//! The model starts from built-in values ([`CostModel::default`]). A communicator
+//! built over a store then runs the start-up [`probe`]: rank 0 reads this host's
+//! cache of measured link costs (`BRAID_CACHE_DIR`), or has the classes it lacks
+//! measured with the communicator's own send and receive (shared memory between
+//! two ranks of a host, the network between two hosts), caches them and publishes
+//! the model through the store, so every rank installs the same numbers.
+//! [`Tuner::source`] says where they came from; `BRAID_TUNER_PROBE=0` keeps the
+//! built-in model, and `BRAID_DEBUG=braid=debug` prints what was measured.
+//! In-process communicators keep the built-in model.
 
 pub mod cost;
 mod policy;
+pub mod probe;
 
 pub use cost::{predict, CostModel, LinkClass, LinkCost, Links, Terms};
 pub use policy::AlgoPolicy;
+pub use probe::ProbeSource;
 
 use crate::algorithm::{self, Algorithm, PlanParams, PlanRequest, Schedule};
 use crate::types::OpKind;
@@ -113,12 +125,24 @@ pub struct Tuner {
     pub model: CostModel,
     /// Link classes.
     pub links: LinkPair,
+    /// Where the model's numbers came from (the start-up probe, its cache, or
+    /// built in).
+    pub source: ProbeSource,
+    /// The planners' tunables (reproducible mode among them), for the candidates
+    /// it compares and the schedule it picks.
+    pub params: PlanParams,
 }
 
 impl Tuner {
     /// A tuner with the built-in model.
     pub fn new(policy: AlgoPolicy, links: LinkPair) -> Tuner {
-        Tuner { policy, model: CostModel::default(), links }
+        Tuner {
+            policy,
+            model: CostModel::default(),
+            links,
+            source: ProbeSource::Builtin,
+            params: PlanParams::default(),
+        }
     }
 
     /// The algorithm for `call`: the only one allowed, or else the first in the
@@ -131,7 +155,7 @@ impl Tuner {
             [] => Err(format!("{} has no collective algorithm", call.op)),
             [only] => Ok(*only),
             _ => {
-                let ranked = rank_candidates(call, &allowed, self.links, &self.model, &PlanParams::default())?;
+                let ranked = rank_candidates(call, &allowed, self.links, &self.model, &self.params)?;
                 Ok(choose(&allowed, &ranked))
             }
         }
