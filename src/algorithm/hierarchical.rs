@@ -99,7 +99,7 @@ const NONE: Region = Region::new(BufId::Output, 0, 0);
 /// Hierarchical all-reduce: reduce-scatter inside each host into lane chunks, ring
 /// all-reduce of each lane chunk across hosts, all-gather inside each host.
 ///
-/// Phase 1 (rounds `0 .. L - 1`) runs, on a host of `l` ranks, `ceil(L / l)` ring
+/// Phase 1 (`L - 1` rounds) runs, on a host of `l` ranks, `ceil(L / l)` ring
 /// reduce-scatters side by side, layer `k` over lane chunks `k l .. k l + l` (absent
 /// lanes are empty), so the rank of local index `j` ends with the host's sum of
 /// every chunk of its lanes in Output. Phase 2 (`2H - 3` rounds) all-reduces each
@@ -108,43 +108,69 @@ const NONE: Region = Region::new(BufId::Output, 0, 0);
 /// finished chunks inside each host. In-place calls are safe for the reasons the
 /// ring gives: Input is only read in phase 1 (or phase 2 on a host of one), each
 /// chunk by the step that first writes its Output bytes or earlier.
-pub fn all_reduce(req: &PlanRequest<'_>, _params: &PlanParams) -> Schedule {
+///
+/// Long messages are pipelined: the buffer is cut into up to [`MAX_PIECES`] pieces
+/// of at least `4 x chain_segment_bytes`, and piece `p` starts its phases one stride
+/// (the longest phase) after piece `p - 1`, so the links between hosts carry piece
+/// `p` while the hosts reduce piece `p + 1` and gather piece `p - 1`: the
+/// inter-host transfer, the slow part, runs almost all the time instead of waiting
+/// for the two phases inside the hosts. Pieces are disjoint element ranges, so they
+/// never touch each other's bytes.
+pub fn all_reduce(req: &PlanRequest<'_>, params: &PlanParams) -> Schedule {
     let hs = Hosts::new(req);
     if hs.flat() {
         return ring::all_reduce_as(req, Algorithm::Hierarchical);
     }
-    let (es, c, lanes) = (req.elem_size, req.count, hs.lanes);
+    let (es, c) = (req.elem_size, req.count);
+    let min_piece = (4 * params.chain_segment_bytes / es).max(1);
+    let pieces = (c / min_piece).clamp(1, MAX_PIECES);
+    let phase1 = hs.lanes - 1;
+    let phase2 = 2 * hs.num_hosts() - 3;
+    let stride = phase1.max(phase2).max(1);
+    let mut b = Builder::new();
+    for p in 0..pieces {
+        let (start, len) = chunk(c, pieces, p);
+        all_reduce_piece(&mut b, p * stride, req, &hs, start, len);
+    }
+    b.finish(Algorithm::Hierarchical, 0, vec![Region::new(BufId::Output, 0, c * es)])
+}
+
+/// Most pieces a hierarchical all-reduce is cut into.
+const MAX_PIECES: usize = 8;
+
+/// The three phases of [`all_reduce`] over elements `start .. start + len`, from
+/// round `t0`.
+fn all_reduce_piece(b: &mut Builder, t0: usize, req: &PlanRequest, hs: &Hosts, start: usize, len: usize) {
+    let (es, lanes) = (req.elem_size, hs.lanes);
     let lane_chunk = |buf, i: usize| {
         if i >= lanes {
             return NONE;
         }
-        let (start, len) = chunk(c, lanes, i);
-        Region::new(buf, start * es, len * es)
+        let (s, l) = chunk(len, lanes, i);
+        Region::new(buf, (start + s) * es, l * es)
     };
     let l = hs.mine().len();
     let intra = Ring::new(hs.mine(), req.rank);
-    let mut b = Builder::new();
     if l > 1 {
         for k in 0..hs.layers() {
             let input = |j| lane_chunk(BufId::Input, k * l + j);
             let output = |_, j| lane_chunk(BufId::Output, k * l + j);
-            reduce_scatter_rounds(&mut b, 0, intra, 0, input, output, false);
+            reduce_scatter_rounds(b, t0, intra, 0, input, output, false);
         }
     }
-    let t1 = lanes - 1;
+    let t1 = t0 + lanes - 1;
     let src = if l > 1 { BufId::Output } else { BufId::Input };
     for i in hs.my_lanes() {
         let ranks = hs.lane_ring(i);
-        let (start, len) = chunk(c, lanes, i);
-        all_reduce_rounds(&mut b, t1, Ring::new(&ranks, req.rank), es, src, start, len);
+        let (s, n) = chunk(len, lanes, i);
+        all_reduce_rounds(b, t1, Ring::new(&ranks, req.rank), es, src, start + s, n);
     }
     let t2 = t1 + 2 * hs.num_hosts() - 3;
     if l > 1 {
         for k in 0..hs.layers() {
-            all_gather_rounds(&mut b, t2, intra, 0, |j| lane_chunk(BufId::Output, k * l + j), false);
+            all_gather_rounds(b, t2, intra, 0, |j| lane_chunk(BufId::Output, k * l + j), false);
         }
     }
-    b.finish(Algorithm::Hierarchical, 0, vec![Region::new(BufId::Output, 0, c * es)])
 }
 
 /// Hierarchical all-gather: across hosts per lane, then inside each host.
@@ -443,8 +469,10 @@ mod tests {
             for hosts in layouts(n) {
                 for &op in ops {
                     let roots: &[usize] = if op.rooted() { &[0, n / 2, n - 1] } else { &[0] };
-                    // The segment size is the rooted ops' only tunable.
-                    let segs: &[usize] = if op.rooted() { &[8, 512 * 1024] } else { &[512 * 1024] };
+                    // The segment size is a tunable of the rooted ops and of all-reduce
+                    // (which cuts long messages into pieces of four segments).
+                    let tuned = op.rooted() || op == OpKind::AllReduce;
+                    let segs: &[usize] = if tuned { &[1, 8, 512 * 1024] } else { &[512 * 1024] };
                     for count in counts(n) {
                         for es in [1, 4] {
                             for &root in roots {
@@ -541,6 +569,28 @@ mod tests {
                     .sum()
             })
             .collect()
+    }
+
+    #[test]
+    fn long_all_reduce_is_pipelined_across_the_two_levels() {
+        // 2 hosts x 2 ranks, 8 pieces of one round per phase: 8 + 2 rounds, and in
+        // the middle rounds every rank moves data inside its host and across at once.
+        let hosts = [0, 0, 1, 1];
+        let p = PlanParams { chain_segment_bytes: 1024, ..PlanParams::default() };
+        let s = schedules(OpKind::AllReduce, &hosts, 8 * 4 * 1024, 0, &p);
+        for (r, sched) in s.iter().enumerate() {
+            assert_eq!(sched.rounds.len(), MAX_PIECES + 2, "rank {r}");
+            for (t, round) in sched.rounds.iter().enumerate().take(MAX_PIECES).skip(2) {
+                let peers: Vec<usize> = round.steps.iter().filter_map(|s| s.peer()).collect();
+                let inside = peers.iter().any(|&q| hosts[q] == hosts[r]);
+                let across = peers.iter().any(|&q| hosts[q] != hosts[r]);
+                assert!(inside && across, "rank {r} round {t}: peers {peers:?}");
+            }
+        }
+        // The bytes crossing hosts are those of the unpipelined schedule.
+        let whole = schedules(OpKind::AllReduce, &hosts, 8 * 4 * 1024, 0, &PlanParams::default());
+        assert_eq!(cross_bytes(&s, &hosts), cross_bytes(&whole, &hosts));
+        assert_eq!(whole[0].rounds.len(), 3);
     }
 
     #[test]

@@ -399,12 +399,100 @@ fn install_probed_model(comm: &Communicator, cfg: &Config, scoped: &PrefixStore,
         cache_dir: cfg.cache_dir.clone().or_else(crate::tuner::probe::default_cache_dir),
     };
     let probed = crate::tuner::probe::agree(&setup, &ProbeExchange(comm))?;
+    install_model(comm, probed.model, probed.source);
+    let local = comm.transports().iter().flatten().next().map(|k| crate::tuner::LinkClass::of(*k));
+    let one_host = hosts.iter().all(|&h| h == 0);
+    if let (Some(class), true, crate::tuner::ProbeSource::Measured) = (local, one_host, probed.source) {
+        if class == crate::tuner::LinkClass::SharedMemory {
+            calibrate(comm, cfg, class, &setup)?;
+        }
+    }
+    Ok(())
+}
+
+fn install_model(comm: &Communicator, model: crate::tuner::CostModel, source: crate::tuner::ProbeSource) {
     let mut e = comm.core.shared.lock_engine();
-    e.tuner.model = probed.model;
-    e.tuner.source = probed.source;
+    e.tuner.model = model;
+    e.tuner.source = source;
     // Plans priced with the old model go.
     e.plans.clear();
     e.recent_plans = Default::default();
+}
+
+/// Fit the links of a one-host world to its ring all-reduce (see
+/// [`crate::tuner::calibrate`]): every rank times the same calls and takes the
+/// slowest rank's medians, so all install the same costs; rank 0 caches them.
+fn calibrate(
+    comm: &Communicator,
+    cfg: &Config,
+    class: crate::tuner::LinkClass,
+    setup: &crate::tuner::probe::ProbeSetup,
+) -> Result<()> {
+    use crate::tuner::calibrate::{fit, tiny_bytes, Times, FAR_BYTES, NEAR_BYTES};
+    let time = |bytes: usize, warm: usize, reps: usize| -> Result<f64> {
+        let mut buf = vec![1.0f32; bytes / 4];
+        let mut times = Vec::with_capacity(reps);
+        for i in 0..warm + reps {
+            comm.barrier()?;
+            let t = std::time::Instant::now();
+            comm.all_reduce_in_place(&mut buf, crate::types::ReduceOp::Sum)?;
+            if i >= warm {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        comm.all_reduce_in_place(&mut times, crate::types::ReduceOp::Max)?;
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    };
+    let world = comm.world_size();
+    comm.set_deterministic(false);
+    comm.set_algorithm(Some(Algorithm::Ring));
+    // Warm-ups long enough for the copy policy's first trials to settle.
+    let timed = (|| {
+        Ok(Times {
+            tiny: time(tiny_bytes(world), 30, 31)?,
+            near: time(NEAR_BYTES, 30, 15)?,
+            far: time(FAR_BYTES, 8, 7)?,
+        })
+    })();
+    comm.set_algorithms(cfg.algorithms.clone());
+    comm.set_deterministic(cfg.deterministic);
+    let times: Times = timed?;
+    let (mut model, busy) = {
+        let e = comm.core.shared.lock_engine();
+        (e.tuner.model, e.busy_hosts.first().copied().unwrap_or(false))
+    };
+    let fitted = fit(&model, class, world, busy, times);
+    let cost = fitted.cost;
+    model.set(class, cost);
+    model.busy_round = fitted.busy_round;
+    tracing::debug!(
+        rank = cfg.rank,
+        tiny_us = times.tiny * 1e6,
+        near_us = times.near * 1e6,
+        far_us = times.far * 1e6,
+        alpha_us = cost.alpha * 1e6,
+        busy_round_us = fitted.busy_round * 1e6,
+        beta_gbps = 1.0 / cost.beta / 1e9,
+        gamma_gbps = 1.0 / cost.gamma / 1e9,
+        far = cost.far,
+        "tuner calibrated {class} links to ring all-reduce"
+    );
+    install_model(comm, model, crate::tuner::ProbeSource::Measured);
+    if let (0, Some(dir)) = (cfg.rank, setup.cache_dir.as_deref()) {
+        use crate::tuner::probe;
+        let key = probe::local_key(class, &probe::host_fingerprint(), world, 1);
+        let m = probe::Measured {
+            alpha: cost.alpha,
+            beta: cost.beta,
+            gamma: Some(cost.gamma),
+            far: Some(cost.far),
+            busy_round: busy.then_some(fitted.busy_round),
+        };
+        if let Err(e) = probe::write_cache(dir, class, &key, &m) {
+            tracing::warn!("tuner: cannot cache the calibration in {}: {e}", dir.display());
+        }
+    }
     Ok(())
 }
 

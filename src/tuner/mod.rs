@@ -14,6 +14,7 @@
 //! built-in model, and `BRAID_DEBUG=braid=debug` prints what was measured.
 //! In-process communicators keep the built-in model.
 
+pub mod calibrate;
 pub mod cost;
 mod policy;
 pub mod probe;
@@ -26,9 +27,9 @@ use crate::algorithm::{self, Algorithm, PlanParams, PlanRequest, Schedule};
 use crate::types::OpKind;
 
 /// Predictions this close (a fraction of the best) count as a tie, which the
-/// planner's order of preference breaks: the model sees rounds and bytes, not the
-/// executor's fused forwards and single-copy paths, which favour the older, simpler
-/// schedules by a few percent where the model cannot tell them apart.
+/// order of [`algorithm::algorithms_for`] breaks: the model sees rounds and bytes,
+/// not how long a segment stays in cache between rounds, nor the executor's fused
+/// forwards and single-copy paths.
 pub const TIE_MARGIN: f64 = 0.05;
 
 /// One call to price: what `braid explain` and the engine ask about.
@@ -146,7 +147,7 @@ impl Tuner {
     }
 
     /// The algorithm for `call`: the only one allowed, or else the first in the
-    /// planner's order of preference (ring before the rest, chain before tree)
+    /// order of [`algorithm::algorithms_for`] (pipelined schedules first)
     /// predicted within [`TIE_MARGIN`] of the cheapest. Errors only for ops without
     /// a schedule (send, receive).
     pub fn pick(&self, call: &Call<'_>) -> Result<Algorithm, String> {

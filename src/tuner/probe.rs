@@ -181,20 +181,27 @@ pub struct Measured {
     pub gamma: Option<f64>,
     /// Slowdown past the cache.
     pub far: Option<f64>,
+    /// Seconds a round costs on a host whose ranks outnumber its cores (fitted by
+    /// the calibration of an oversubscribed one-host world; see `calibrate`).
+    pub busy_round: Option<f64>,
 }
 
 impl fmt::Display for Measured {
     /// `alpha=A beta=B gamma=G far=F`, `-` for values not measured.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
-        write!(f, "alpha={} beta={} gamma={} far={}", self.alpha, self.beta, opt(self.gamma), opt(self.far))
+        write!(f, "alpha={} beta={} gamma={} far={}", self.alpha, self.beta, opt(self.gamma), opt(self.far))?;
+        match self.busy_round {
+            Some(b) => write!(f, " busy_round={b}"),
+            None => Ok(()),
+        }
     }
 }
 
 impl std::str::FromStr for Measured {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Measured, String> {
-        let (mut alpha, mut beta, mut gamma, mut far) = (None, None, None, None);
+        let (mut alpha, mut beta, mut gamma, mut far, mut busy_round) = (None, None, None, None, None);
         for field in s.split_whitespace() {
             let (name, value) = field.split_once('=').ok_or_else(|| format!("`{field}` is not name=value"))?;
             let parsed = if value == "-" {
@@ -211,6 +218,7 @@ impl std::str::FromStr for Measured {
                 "beta" => &mut beta,
                 "gamma" => &mut gamma,
                 "far" => &mut far,
+                "busy_round" => &mut busy_round,
                 _ => return Err(format!("unknown field `{name}`")),
             };
             *slot = Some(parsed);
@@ -221,6 +229,7 @@ impl std::str::FromStr for Measured {
             beta: need(beta, "beta")?,
             gamma: gamma.flatten(),
             far: far.flatten(),
+            busy_round: busy_round.flatten(),
         })
     }
 }
@@ -312,8 +321,15 @@ fn uname_release() -> String {
 }
 
 /// The cache key of the local class on the host with fingerprint `fp`.
-pub fn local_key(class: LinkClass, fp: &str) -> String {
-    format!("local {class} host={fp}")
+pub fn local_key(class: LinkClass, fp: &str, ranks_on_host: usize, hosts: usize) -> String {
+    // A world on one host fits the costs to its own all-reduce (see `calibrate`),
+    // and how many ranks share the cores changes them: one entry per shape.
+    format!("local {class} host={fp} ranks={ranks_on_host} hosts={hosts}")
+}
+
+/// Number of hosts of a layout numbered by lowest rank.
+pub fn num_hosts(hosts: &[usize]) -> usize {
+    hosts.iter().max().map_or(1, |m| m + 1)
 }
 
 /// The cache key of the remote class between the hosts with fingerprints `a` and `b`.
@@ -580,7 +596,7 @@ fn measure_pair(ex: &dyn Exchange, partner: usize, leader: bool, memory: bool) -
     } else {
         (None, None)
     };
-    Ok(Some(Measured { alpha: small / 2.0, beta, gamma, far }))
+    Ok(Some(Measured { alpha: small / 2.0, beta, gamma, far, busy_round: None }))
 }
 
 /// Whether `class` is a memory link: `gamma` and `far` are measured for it.
@@ -678,7 +694,9 @@ fn lead(s: &ProbeSetup<'_>, ex: &dyn Exchange, pairs: &Pairs) -> Result<Probed> 
     if let Some((a, b)) = pairs.local {
         let (fp, class) = if a == 0 { (fp0.clone(), ex.class_to(b)) } else { member(a)? };
         if let Some(class) = class.filter(|c| probeable(*c)) {
-            jobs.push(Job { role: Role::Local, pair: (a, b), class, key: local_key(class, &fp) });
+            let here = s.hosts.iter().filter(|&&h| h == s.hosts[a]).count();
+            let key = local_key(class, &fp, here, num_hosts(s.hosts));
+            jobs.push(Job { role: Role::Local, pair: (a, b), class, key });
         }
     }
     if let Some((_, q)) = pairs.remote {
@@ -693,7 +711,12 @@ fn lead(s: &ProbeSetup<'_>, ex: &dyn Exchange, pairs: &Pairs) -> Result<Probed> 
     let mut missing = Vec::new();
     for job in jobs.iter() {
         match s.cache_dir.as_deref().and_then(|d| read_cache(d, job.class, &job.key)) {
-            Some(m) => model.set(job.class, measured_cost(job.class, &m)),
+            Some(m) => {
+                model.set(job.class, measured_cost(job.class, &m));
+                if let Some(b) = m.busy_round {
+                    model.busy_round = sane(b, default.busy_round);
+                }
+            }
             None => missing.push(job),
         }
     }
@@ -746,6 +769,7 @@ fn lead(s: &ProbeSetup<'_>, ex: &dyn Exchange, pairs: &Pairs) -> Result<Probed> 
                 beta: cost.beta,
                 gamma: m.gamma.map(|_| cost.gamma),
                 far: m.far.map(|_| cost.far),
+                busy_round: None,
             };
             match write_cache(dir, job.class, &job.key, &kept) {
                 Ok(path) => tracing::debug!(path = %path.display(), "tuner cache written"),

@@ -10,7 +10,7 @@ use std::io::Write;
 
 use braid::algorithm::{Algorithm, PlanParams};
 use braid::tuner::{
-    bus_factor, choose, rank_candidates, AlgoPolicy, Call, CostModel, LinkClass, LinkCost, LinkPair, TIE_MARGIN,
+    bus_factor, choose, probe, rank_candidates, AlgoPolicy, Call, CostModel, LinkClass, LinkCost, LinkPair, TIE_MARGIN,
 };
 use braid::{DType, OpKind};
 use clap::Args;
@@ -57,6 +57,14 @@ pub struct ModelArgs {
     /// Candidates, in `BRAID_ALGO`'s syntax (default: every algorithm of the op).
     #[arg(long, default_value = "auto")]
     pub algo: AlgoPolicy,
+    /// Price the links inside a host with this host's probed costs (the cache the
+    /// start-up probe writes, in `BRAID_CACHE_DIR` or the default place) instead of
+    /// the built-in ones; an error when nothing was probed here yet.
+    #[arg(long)]
+    pub probed: bool,
+    /// Reproducible mode (`BRAID_DETERMINISTIC`): price the rank-order forms.
+    #[arg(long)]
+    pub reproducible: bool,
 }
 
 /// `braid explain`.
@@ -92,6 +100,7 @@ struct Setup {
     links: LinkPair,
     model: CostModel,
     candidates: Vec<Algorithm>,
+    params: PlanParams,
 }
 
 fn setup(m: &ModelArgs) -> Result<Setup, String> {
@@ -111,6 +120,24 @@ fn setup(m: &ModelArgs) -> Result<Setup, String> {
         LinkPair { local: link, remote: LinkClass::Tcp }
     };
     let mut model = CostModel::default();
+    if m.probed {
+        let local = links.local;
+        let dir = std::env::var_os("BRAID_CACHE_DIR")
+            .filter(|d| !d.is_empty())
+            .map(std::path::PathBuf::from)
+            .or_else(probe::default_cache_dir)
+            .ok_or("--probed: no cache directory (set BRAID_CACHE_DIR or HOME)")?;
+        let on_first = hosts.iter().filter(|&&h| h == 0).count();
+        let key = probe::local_key(local, &probe::host_fingerprint(), on_first, m.hosts);
+        let measured = probe::read_cache(&dir, local, &key).ok_or_else(|| {
+            format!(
+                "--probed: no probe of {local} links for {on_first} ranks a host on {} hosts in {} (run such a job once)",
+                m.hosts,
+                dir.display()
+            )
+        })?;
+        model.set(local, probe::measured_cost(local, &measured));
+    }
     let mut cost: LinkCost = model.cost(link);
     if let Some(g) = m.gbps {
         if !(g > 0.0 && g.is_finite()) {
@@ -129,7 +156,8 @@ fn setup(m: &ModelArgs) -> Result<Setup, String> {
     if candidates.is_empty() {
         return Err(format!("{} has no algorithm to price", m.op));
     }
-    Ok(Setup { hosts, busy: vec![m.oversubscribed; m.hosts], links, model, candidates })
+    let params = PlanParams { deterministic: m.reproducible, ..PlanParams::default() };
+    Ok(Setup { hosts, busy: vec![m.oversubscribed; m.hosts], links, model, candidates, params })
 }
 
 fn describe(m: &ModelArgs, s: &Setup) -> String {
@@ -175,7 +203,7 @@ pub fn explain(a: ExplainArgs) -> i32 {
         }
     };
     let c = call(m, &s, a.bytes);
-    let ranked = match rank_candidates(&c, &s.candidates, s.links, &s.model, &PlanParams::default()) {
+    let ranked = match rank_candidates(&c, &s.candidates, s.links, &s.model, &s.params) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("braid explain: {e}");
@@ -241,7 +269,7 @@ pub fn simulate(a: SimulateArgs) -> i32 {
     let mut size = a.min_bytes.max(m.dtype.size());
     while size <= a.max_bytes {
         let c = call(m, &s, size);
-        let ranked = match rank_candidates(&c, &s.candidates, s.links, &s.model, &PlanParams::default()) {
+        let ranked = match rank_candidates(&c, &s.candidates, s.links, &s.model, &s.params) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("braid simulate: {e}");

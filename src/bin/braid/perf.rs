@@ -51,8 +51,9 @@ pub struct PerfArgs {
     #[arg(short = 'r', long, default_value_t = 0)]
     pub root: usize,
     /// `auto` (the tuner picks), an algorithm (`ring`, `tree`, `hierarchical`, ...),
-    /// a list in `BRAID_ALGO`'s syntax (`ring,tree`, `^direct`), or `all`: every
-    /// algorithm of the op in turn at each size, one row each.
+    /// a list in `BRAID_ALGO`'s syntax (`ring,tree`, `^direct`), or `all`: the
+    /// tuner's pick (`auto:<algo>`) and every algorithm of the op in turn at each
+    /// size, one row each.
     #[arg(long, default_value = "auto")]
     pub algo: String,
     /// Transport: `auto` (shared memory within a host, RDMA verbs or else TCP across),
@@ -478,9 +479,12 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     if a.root >= n {
         return Err(braid::Error::InvalidArgument(format!("--root {} is not below --ranks {n}", a.root)));
     }
-    // `all` alternates the algorithms at each size; anything else is a policy.
-    let rotation: Vec<Option<braid::algorithm::Algorithm>> = if a.algo.eq_ignore_ascii_case("all") {
-        braid::algorithm::algorithms_for(a.op).iter().copied().map(Some).collect()
+    // `all` alternates the tuner's pick (None, printed `auto:<algo>`) and every
+    // algorithm at each size, so the pick is compared with each in the same run;
+    // anything else is a policy.
+    let rotating = a.algo.eq_ignore_ascii_case("all");
+    let rotation: Vec<Option<braid::algorithm::Algorithm>> = if rotating {
+        std::iter::once(None).chain(braid::algorithm::algorithms_for(a.op).iter().copied().map(Some)).collect()
     } else {
         let policy: braid::tuner::AlgoPolicy =
             a.algo.parse().map_err(|e| braid::Error::InvalidArgument(format!("--algo: {e}")))?;
@@ -563,7 +567,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         }
     }
     for (size, forced) in sizes(a).into_iter().flat_map(|s| rotation.iter().map(move |f| (s, *f))) {
-        if forced.is_some() {
+        if rotating {
             comm.set_algorithm(forced);
         }
         let mut c = case(comm, a, size, device.as_ref())?;
@@ -580,7 +584,8 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
                 20
             })
             .max(1);
-        let algo = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
+        let picked = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
+        let algo = if rotating && forced.is_none() { format!("auto:{picked}") } else { picked.to_string() };
         let mut times = Vec::with_capacity(iters);
         for it in 0..a.warmup + iters {
             prepare(a, &mut c)?;

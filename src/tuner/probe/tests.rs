@@ -52,18 +52,20 @@ fn measured_values_stay_near_the_defaults_and_nonsense_falls_back() {
     }
     assert_eq!((sane_far(0.5, 3.5), sane_far(2.0, 3.5), sane_far(20.0, 3.5)), (1.0, 2.0, 8.0));
     let d = CostModel::default().cost(LinkClass::SharedMemory);
-    let m = Measured { alpha: d.alpha * 2.0, beta: f64::NAN, gamma: Some(d.gamma * 1000.0), far: None };
+    let m =
+        Measured { alpha: d.alpha * 2.0, beta: f64::NAN, gamma: Some(d.gamma * 1000.0), far: None, busy_round: None };
     let c = measured_cost(LinkClass::SharedMemory, &m);
     assert_eq!((c.alpha, c.beta, c.gamma, c.far), (d.alpha * 2.0, d.beta, d.gamma * 10.0, d.far));
     assert_eq!((c.duplex, c.per_host), (d.duplex, d.per_host), "kept from the defaults");
     let t = CostModel::default().cost(LinkClass::Tcp);
-    let c = measured_cost(LinkClass::Tcp, &Measured { alpha: 1e-5, beta: 1e-9, gamma: None, far: None });
+    let c =
+        measured_cost(LinkClass::Tcp, &Measured { alpha: 1e-5, beta: 1e-9, gamma: None, far: None, busy_round: None });
     assert_eq!((c.alpha, c.beta, c.gamma, c.far), (1e-5, 1e-9, t.gamma, t.far));
 }
 
 #[test]
 fn measured_text_round_trips_and_rejects_garbage() {
-    let m = Measured { alpha: 4.5e-7, beta: 1.0 / 48e9, gamma: Some(1.0 / 41e9), far: None };
+    let m = Measured { alpha: 4.5e-7, beta: 1.0 / 48e9, gamma: Some(1.0 / 41e9), far: None, busy_round: None };
     assert_eq!(m.to_string().parse::<Measured>().unwrap(), m);
     for bad in ["", "alpha=1", "alpha=1 beta=x", "alpha=1 beta=-2", "alpha=1 beta=2 zeta=3", "alpha=NaN beta=1", "junk"]
     {
@@ -74,14 +76,14 @@ fn measured_text_round_trips_and_rejects_garbage() {
 #[test]
 fn the_cache_round_trips_per_key_and_treats_bad_files_as_misses() {
     let dir = temp_dir("cache").join("nested");
-    let m = Measured { alpha: 1e-6, beta: 2e-11, gamma: Some(3e-11), far: Some(2.5) };
-    let key = local_key(LinkClass::SharedMemory, "cpu=x");
+    let m = Measured { alpha: 1e-6, beta: 2e-11, gamma: Some(3e-11), far: Some(2.5), busy_round: None };
+    let key = local_key(LinkClass::SharedMemory, "cpu=x", 2, 1);
     assert_eq!(read_cache(&dir, LinkClass::SharedMemory, &key), None, "no directory yet");
     let path = write_cache(&dir, LinkClass::SharedMemory, &key, &m).unwrap();
     assert_eq!(path, cache_path(&dir, LinkClass::SharedMemory, &key));
     assert_eq!(read_cache(&dir, LinkClass::SharedMemory, &key), Some(m));
     // Another host (or version) is another key: a miss, also when it lands in the same file.
-    let other = local_key(LinkClass::SharedMemory, "cpu=y");
+    let other = local_key(LinkClass::SharedMemory, "cpu=y", 2, 1);
     assert_eq!(read_cache(&dir, LinkClass::SharedMemory, &other), None);
     assert!(decode_cache(&std::fs::read_to_string(&path).unwrap(), &other).unwrap_err().contains("key differs"));
     assert_eq!(remote_key(LinkClass::Tcp, "a", "b"), remote_key(LinkClass::Tcp, "b", "a"));

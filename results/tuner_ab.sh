@@ -1,0 +1,61 @@
+#!/bin/bash
+# The tuner's pick against every algorithm forced, all-reduce 4 KiB - 64 MiB:
+#   results/tuner_ab.sh onehost N RUNS OUTDIR   N ranks on this host (shared memory)
+#   results/tuner_ab.sh twohost RUNS OUTDIR     4 ranks on two emulated hosts (network
+#       namespaces, private /dev/shm each, one CPU each, veth limited to 1 Gbit/s by tbf)
+# `braid perf --algo all` alternates auto and every algorithm at each size within a
+# run; each run writes JSON lines; results/tuner_summarize.py takes the medians.
+set -euo pipefail
+BRAID=$(realpath "${BRAID:-target/release/braid}")
+mode=$1; shift
+sweep() { # extra args: where each perf's json goes ($1) and the launcher prefix
+  local json=$1; shift
+  "$@" perf --op all-reduce -b 4K -e 1M -f 4 --algo all --json "$json.small" >/dev/null
+  "$@" perf --op all-reduce -b 4M -e 64M -f 4 --algo all -n 5 -w 1 --json "$json.large" >/dev/null
+  cat "$json.small" "$json.large" > "$json"; rm -f "$json.small" "$json.large"
+}
+case $mode in
+onehost)
+  n=$1 runs=$2 out=$3; mkdir -p "$out"
+  for r in $(seq 1 "$runs"); do
+    sweep "$out/onehost-n$n-run$r.json" "$BRAID" run -n "$n" -- "$BRAID"
+    echo "run $r done"
+  done ;;
+twohost)
+  runs=$1 out=$(realpath -m "$2"); mkdir -p "$out"
+  base=braid-tuner-$$
+  holders=()
+  cleanup() { for p in "${holders[@]}"; do kill "$p" 2>/dev/null || true; done; ip netns del $base-a 2>/dev/null || true; ip netns del $base-b 2>/dev/null || true; }
+  trap cleanup EXIT
+  ip netns add $base-a; ip netns add $base-b
+  ip link add eth0 netns $base-a type veth peer name eth0 netns $base-b
+  i=1
+  for ns in $base-a $base-b; do
+    ip -n $ns addr add 10.78.0.$i/24 dev eth0; ip -n $ns link set eth0 up; ip -n $ns link set lo up
+    ip netns exec $ns tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 100ms
+    i=$((i+1))
+  done
+  for ns in $base-a $base-b; do
+    fifo=$(mktemp -u); mkfifo "$fifo"
+    ip netns exec $ns unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=4g,mode=1777 tmpfs /dev/shm && echo $$ && exec sleep 3600' > "$fifo" &
+    read -r pid < "$fifo"; rm -f "$fifo"; holders+=("$pid")
+  done
+  for r in $(seq 1 "$runs"); do
+    json=$out/twohost-run$r.json
+    for part in small large; do
+      if [ $part = small ]; then args=(-b 4K -e 1M -f 4); else args=(-b 4M -e 64M -f 4 -n 5 -w 1); fi
+      pids=()
+      for rank in 0 1 2 3; do
+        h=$((rank / 2)); cpu=$h
+        j=/dev/null; [ $rank = 0 ] && j=$json.$part
+        BRAID_RANK=$rank BRAID_WORLD_SIZE=4 BRAID_LOCAL_RANK=$((rank % 2)) BRAID_STORE=tcp://10.78.0.1:29511 \
+          BRAID_SOCKET_IFNAME==eth0 BRAID_TIMEOUT=120 BRAID_BIND=none \
+          nsenter --target "${holders[$h]}" --net --mount -- taskset -c $cpu "$BRAID" perf --op all-reduce "${args[@]}" --algo all --json "$j" >/dev/null &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p"; done
+    done
+    cat "$json.small" "$json.large" > "$json"; rm -f "$json.small" "$json.large"
+    echo "run $r done"
+  done ;;
+esac
