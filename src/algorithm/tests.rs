@@ -473,7 +473,15 @@ mod large_worlds {
                 let alg = alg.index(algorithms_for(op).len());
                 let grows = matches!(op, OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll)
                     || algorithms_for(op)[alg] == Algorithm::Direct;
-                let count = if grows { Just(small).boxed() } else { (0..=2 * n + 3).boxed() };
+                // Symbolic elements in all: about n x count, n x n x count where the
+                // buffers grow with the world; kept near 2^18 (a few hundred MB of
+                // rank sets at 1024 ranks).
+                let budget = 1usize << 18;
+                let count = if grows {
+                    (0..=small.min((budget / (n * n)).max(1))).boxed()
+                } else {
+                    (0..=(2 * n + 3).min(budget / n)).boxed()
+                };
                 (Just(op), Just(alg), count, Just(layout), 0..n, Just(det), Just(small))
                     .prop_map(|(op, alg, count, layout, root, det, seg)| (op, alg, count, layout, root, seg + 1, det))
             },
