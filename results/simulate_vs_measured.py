@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
 """`braid simulate --probed` against measured all-reduce times (medians over runs of
 `braid perf --algo all` JSON lines), per algorithm and size from 1 MiB up.
-Usage: simulate_vs_measured.py RANKS FILE...   (run right after the measurement, so the
+Usage: simulate_vs_measured.py RANKS [--oversubscribed] FILE...   (run right after the measurement, so the
 probe cached for this host shape saw the same machine state)"""
 import json, statistics, subprocess, sys
 from collections import defaultdict
 
 ranks = int(sys.argv[1])
+extra = [a for a in sys.argv[2:] if a.startswith("--")]
+files = [a for a in sys.argv[2:] if not a.startswith("--")]
 times = defaultdict(list)
-for path in sys.argv[2:]:
+for path in files:
     for line in open(path):
         row = json.loads(line)
         if row["algo"].startswith("auto:") or row["bytes"] < 1 << 20:
             continue
         times[(row["bytes"], row["algo"])].append(row["time_us"])
 out = subprocess.run(["target/release/braid", "simulate", "--probed", "--ranks", str(ranks),
-                      "-b", "1M", "-e", "64M"], capture_output=True, text=True, check=True).stdout
+                      "-b", "1M", "-e", "64M", *extra], capture_output=True, text=True, check=True).stdout
 lines = [l for l in out.splitlines() if l.strip()]
 header = lines[1].lstrip("#").split()
 algos = header[1:header.index("pick")]

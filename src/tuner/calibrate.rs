@@ -94,6 +94,11 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
     let terms = |m: &CostModel, bytes: usize| ring_terms(m, class, world, busy, bytes);
     if ok(times.tiny) {
         if busy {
+            // The probe's ping-pong on a busy host already waited for cores, which
+            // is what `busy_round` stands for: the message itself costs what it
+            // costs on an idle host, and the wait goes to `busy_round` alone.
+            cost.alpha = builtin.alpha;
+            m.set(class, cost);
             let base = m;
             m.busy_round = solve(0.0, 1e-3, times.tiny, |b| {
                 let mut t = base;

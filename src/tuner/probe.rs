@@ -208,8 +208,10 @@ impl std::str::FromStr for Measured {
                 None
             } else {
                 let v: f64 = value.parse().map_err(|_| format!("`{field}`: not a number"))?;
-                if !v.is_finite() || v <= 0.0 {
-                    return Err(format!("`{field}`: not a positive number"));
+                // Zero or negative is a measurement noise made (see `measure_pair`),
+                // which `measured_cost` replaces; only what is not a number is garbage.
+                if !v.is_finite() {
+                    return Err(format!("`{field}`: not a finite number"));
                 }
                 Some(v)
             };
@@ -338,9 +340,14 @@ pub fn remote_key(class: LinkClass, a: &str, b: &str) -> String {
     format!("remote {class} hosts={a} | {b}")
 }
 
-/// `$XDG_CACHE_HOME/braid`, else `$HOME/.cache/braid`.
+/// `$BRAID_CACHE_DIR`, else `$XDG_CACHE_HOME/braid`, else `$HOME/.cache/braid`. The
+/// variable is read here too, not only by [`crate::Config::from_env`], because the
+/// cache belongs to the host: communicators built in code share it.
 pub fn default_cache_dir() -> Option<PathBuf> {
     let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = var("BRAID_CACHE_DIR") {
+        return Some(dir);
+    }
     match var("XDG_CACHE_HOME").filter(|p| p.is_absolute()) {
         Some(x) => Some(x.join("braid")),
         None => var("HOME").map(|h| h.join(".cache").join("braid")),
@@ -390,7 +397,14 @@ pub fn decode_cache(text: &str, key: &str) -> std::result::Result<Measured, Stri
     if lines.any(|l| !l.trim().is_empty()) {
         return Err("trailing lines".into());
     }
-    values.parse()
+    // What this host wrote was sanitised: a value that is not positive means the
+    // file was damaged, so it is a miss (unlike a peer's fresh measurement).
+    let m: Measured = values.parse()?;
+    let all = [Some(m.alpha), Some(m.beta), m.gamma, m.far, m.busy_round];
+    if all.into_iter().flatten().any(|v| v <= 0.0) {
+        return Err("a value is not positive".into());
+    }
+    Ok(m)
 }
 
 /// The cached entry of `key`, or None (missing, unreadable or invalid: a miss).
@@ -596,6 +610,9 @@ fn measure_pair(ex: &dyn Exchange, partner: usize, leader: bool, memory: bool) -
     } else {
         (None, None)
     };
+    // Noise can make a difference of medians zero or negative (a loaded machine saw
+    // beta < 0): it is published as it is, and `measured_cost` puts the default in
+    // its place, as for any nonsense.
     Ok(Some(Measured { alpha: small / 2.0, beta, gamma, far, busy_round: None }))
 }
 

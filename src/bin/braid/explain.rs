@@ -122,11 +122,7 @@ fn setup(m: &ModelArgs) -> Result<Setup, String> {
     let mut model = CostModel::default();
     if m.probed {
         let local = links.local;
-        let dir = std::env::var_os("BRAID_CACHE_DIR")
-            .filter(|d| !d.is_empty())
-            .map(std::path::PathBuf::from)
-            .or_else(probe::default_cache_dir)
-            .ok_or("--probed: no cache directory (set BRAID_CACHE_DIR or HOME)")?;
+        let dir = probe::default_cache_dir().ok_or("--probed: no cache directory (set BRAID_CACHE_DIR or HOME)")?;
         let on_first = hosts.iter().filter(|&&h| h == 0).count();
         let key = probe::local_key(local, &probe::host_fingerprint(), on_first, m.hosts);
         let measured = probe::read_cache(&dir, local, &key).ok_or_else(|| {
@@ -137,6 +133,9 @@ fn setup(m: &ModelArgs) -> Result<Setup, String> {
             )
         })?;
         model.set(local, probe::measured_cost(local, &measured));
+        if let Some(b) = measured.busy_round {
+            model.busy_round = probe::sane(b, model.busy_round);
+        }
     }
     let mut cost: LinkCost = model.cost(link);
     if let Some(g) = m.gbps {

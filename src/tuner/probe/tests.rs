@@ -67,10 +67,16 @@ fn measured_values_stay_near_the_defaults_and_nonsense_falls_back() {
 fn measured_text_round_trips_and_rejects_garbage() {
     let m = Measured { alpha: 4.5e-7, beta: 1.0 / 48e9, gamma: Some(1.0 / 41e9), far: None, busy_round: None };
     assert_eq!(m.to_string().parse::<Measured>().unwrap(), m);
-    for bad in ["", "alpha=1", "alpha=1 beta=x", "alpha=1 beta=-2", "alpha=1 beta=2 zeta=3", "alpha=NaN beta=1", "junk"]
+    for bad in
+        ["", "alpha=1", "alpha=1 beta=x", "alpha=1 beta=inf", "alpha=1 beta=2 zeta=3", "alpha=NaN beta=1", "junk"]
     {
         assert!(bad.parse::<Measured>().is_err(), "{bad}");
     }
+    // A noisy measurement (a negative difference of medians) parses, and its cost
+    // falls back to the default instead of failing every rank's set-up.
+    let noisy: Measured = "alpha=1e-6 beta=-2.3e-11".parse().unwrap();
+    let d = CostModel::default().cost(LinkClass::SharedMemory);
+    assert_eq!(measured_cost(LinkClass::SharedMemory, &noisy).beta, d.beta);
 }
 
 #[test]
