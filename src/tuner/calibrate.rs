@@ -18,10 +18,13 @@ use crate::types::OpKind;
 use super::cost::{predict, CostModel, LinkClass, LinkCost, Links};
 use super::{plan_all, Call};
 
-/// Bytes of the latency calibration all-reduce (one f32 per rank: every chunk
-/// of the ring holds at most one element).
-pub fn tiny_bytes(world: usize) -> usize {
-    4 * world
+/// Bytes of the latency calibration all-reduce: 4 KiB, the smallest size the
+/// tuner's picks hinge on. Smaller calls take a faster path through the links
+/// (2 ranks: 0.9 µs for 8 bytes against 2.2 for 4 KiB, of which the model's
+/// bandwidth terms explain 0.2), so a fit to them priced small calls too cheaply
+/// per message and favoured the ring's extra steps over a direct exchange.
+pub fn tiny_bytes(_world: usize) -> usize {
+    4096
 }
 
 /// Bytes of the in-cache calibration all-reduce.
@@ -76,11 +79,14 @@ fn solve(mut lo: f64, mut hi: f64, target: f64, predicted: impl Fn(f64) -> f64) 
     0.5 * (lo + hi)
 }
 
+/// Alternations of the fixed-cost and bandwidth fits.
+const FIT_ROUNDS: usize = 8;
+
 /// `class`'s costs fitted to ring all-reduce `times` on one host of `world` ranks,
-/// starting from the built-in ones, one parameter per time, in order: the fixed cost of a round from `tiny` (`alpha`,
-/// or on a `busy` host the round's wait for a core, `busy_round`); `beta` and
-/// `gamma` scaled together from `near`; `far` (1 to 8) from `far`. Times that are
-/// not positive leave their parameter as it was.
+/// starting from the built-in ones, one parameter per time: the fixed cost of a
+/// round from `tiny` (`alpha`, or on a `busy` host the round's wait for a core,
+/// `busy_round`); `beta` and `gamma` scaled together from `near`; `far` (1 to 8)
+/// from `far`. Times that are not positive leave their parameter as it was.
 pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times: Times) -> Fitted {
     let mut m = *model;
     // From the built-in ratio of beta to gamma, which was fitted to ring and direct
@@ -92,38 +98,44 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
     m.set(class, cost);
     let ok = |t: f64| t.is_finite() && t > 0.0;
     let terms = |m: &CostModel, bytes: usize| ring_terms(m, class, world, busy, bytes);
-    if ok(times.tiny) {
-        if busy {
-            // The probe's ping-pong on a busy host already waited for cores, which
-            // is what `busy_round` stands for: the message itself costs what it
-            // costs on an idle host, and the wait goes to `busy_round` alone.
-            cost.alpha = builtin.alpha;
-            m.set(class, cost);
-            let base = m;
-            m.busy_round = solve(0.0, 1e-3, times.tiny, |b| {
-                let mut t = base;
-                t.busy_round = b;
-                terms(&t, tiny_bytes(world)).seconds()
-            });
-        } else {
-            let base = m;
-            cost.alpha = solve(1e-8, 1e-4, times.tiny, |a| {
-                let mut t = base;
-                t.set(class, LinkCost { alpha: a, ..cost });
-                terms(&t, tiny_bytes(world)).seconds()
-            });
+    if busy {
+        // The probe's ping-pong on a busy host already waited for cores, which is
+        // what `busy_round` stands for: the message itself costs what it costs on an
+        // idle host, and the wait goes to `busy_round` alone.
+        cost.alpha = builtin.alpha;
+        m.set(class, cost);
+    }
+    // The 4 KiB call moves some bytes and the 256 KiB one pays some fixed costs, so
+    // each fit depends on the other: a few alternations settle both.
+    for _ in 0..FIT_ROUNDS {
+        if ok(times.tiny) {
+            if busy {
+                let base = m;
+                m.busy_round = solve(0.0, 1e-3, times.tiny, |b| {
+                    let mut t = base;
+                    t.busy_round = b;
+                    terms(&t, tiny_bytes(world)).seconds()
+                });
+            } else {
+                let base = m;
+                cost.alpha = solve(1e-8, 1e-4, times.tiny, |a| {
+                    let mut t = base;
+                    t.set(class, LinkCost { alpha: a, ..cost });
+                    terms(&t, tiny_bytes(world)).seconds()
+                });
+                m.set(class, cost);
+            }
+        }
+        let t = terms(&m, NEAR_BYTES);
+        let moving = t.beta_s + t.gamma_s;
+        if ok(times.near) && moving > 0.0 {
+            // What the fixed costs do not explain is bandwidth (at least a fifth of it,
+            // however large the fixed costs were predicted).
+            let scale = (times.near - t.alpha_s).max(0.2 * times.near) / moving;
+            cost.beta *= scale;
+            cost.gamma *= scale;
             m.set(class, cost);
         }
-    }
-    let t = terms(&m, NEAR_BYTES);
-    let moving = t.beta_s + t.gamma_s;
-    if ok(times.near) && moving > 0.0 {
-        // What the fixed costs do not explain is bandwidth (at least a fifth of it,
-        // however large the fixed costs were predicted).
-        let scale = (times.near - t.alpha_s).max(0.2 * times.near) / moving;
-        cost.beta *= scale;
-        cost.gamma *= scale;
-        m.set(class, cost);
     }
     if ok(times.far) {
         let base = m;

@@ -11,8 +11,9 @@ fn policy(s: &str) -> AlgoPolicy {
 #[test]
 fn policy_syntax_follows_nccl() {
     assert!(policy("auto").is_auto() && policy("").is_auto());
+    // The listed algorithms, in the tuner's order of preference (not the list's).
     let p = policy("allreduce:ring,direct;broadcast:chain");
-    assert_eq!(p.allowed(OpKind::AllReduce), vec![Algorithm::Ring, Algorithm::Direct]);
+    assert_eq!(p.allowed(OpKind::AllReduce), vec![Algorithm::Direct, Algorithm::Ring]);
     assert_eq!(p.allowed(OpKind::Broadcast), vec![Algorithm::Chain]);
     assert_eq!(p.allowed(OpKind::AllGather), algorithms_for(OpKind::AllGather).to_vec(), "unnamed ops keep all");
     // Excluding, per op and globally.
