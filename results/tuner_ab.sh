@@ -11,7 +11,7 @@ mode=$1; shift
 sweep() { # extra args: where each perf's json goes ($1) and the launcher prefix
   local json=$1; shift
   "$@" perf --op all-reduce -b 4K -e 1M -f 4 --algo all --json "$json.small" >/dev/null
-  "$@" perf --op all-reduce -b 4M -e 64M -f 4 --algo all -n 5 -w 1 --json "$json.large" >/dev/null
+  "$@" perf --op all-reduce -b 4M -e 64M -f 4 --algo all -n 20 -w 2 --json "$json.large" >/dev/null
   cat "$json.small" "$json.large" > "$json"; rm -f "$json.small" "$json.large"
 }
 case $mode in
