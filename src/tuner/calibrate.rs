@@ -145,7 +145,17 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
             terms(&t, FAR_BYTES).seconds()
         });
     }
-    Fitted { cost, busy_round: m.busy_round }
+    // Within the bounds the probe keeps any measurement in (see `probe::sane`):
+    // a fit to a moment of heavy load must not price links absurdly.
+    let sane = super::probe::sane;
+    let default_busy = CostModel::default().busy_round;
+    let cost = LinkCost {
+        alpha: sane(cost.alpha, builtin.alpha),
+        beta: sane(cost.beta, builtin.beta),
+        gamma: sane(cost.gamma, builtin.gamma),
+        ..cost
+    };
+    Fitted { cost, busy_round: sane(m.busy_round, default_busy) }
 }
 
 #[cfg(test)]
@@ -188,6 +198,10 @@ mod tests {
         assert_eq!(got.cost, c);
         assert_eq!(got.busy_round, base.busy_round);
         let tiny = fit(&base, class, 4, true, Times { tiny: 1e-9, near: 1e-9, far: 1e-9 });
-        assert!(tiny.cost.beta > 0.0 && tiny.cost.gamma > 0.0 && tiny.cost.far >= 1.0 && tiny.busy_round >= 0.0);
+        assert!(tiny.cost.far >= 1.0);
+        // Clamped to a tenth of the built-in values, like any probed number.
+        assert!((tiny.cost.beta / (c.beta * 0.1) - 1.0).abs() < 1e-9, "{}", tiny.cost.beta);
+        assert!((tiny.cost.gamma / (c.gamma * 0.1) - 1.0).abs() < 1e-9);
+        assert!((tiny.busy_round / (base.busy_round * 0.1) - 1.0).abs() < 1e-9, "{}", tiny.busy_round);
     }
 }
