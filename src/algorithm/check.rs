@@ -27,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::{plan_with, Algorithm, BufId, PlanParams, PlanRequest, Region, Schedule, Step};
+use super::{plan_ranks, Algorithm, BufId, PlanParams, PlanRequest, Region, Schedule, Step};
 use crate::types::OpKind;
 
 /// Plan every rank of a `world`-rank call and check the schedules together (see the
@@ -59,12 +59,8 @@ pub fn check_on(
     if world == 0 {
         return Err(format!("{op}: world size must be at least 1"));
     }
-    let schedules = (0..world)
-        .map(|rank| {
-            let req = PlanRequest { op, rank, world, count, elem_size, root, algorithm, hosts };
-            plan_with(&req, params).map_err(|e| format!("{op} world={world} rank {rank}: {e}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let req = PlanRequest { op, rank: 0, world, count, elem_size, root, algorithm, hosts };
+    let schedules = plan_ranks(&req, params).map_err(|e| format!("{op} world={world} {e}"))?;
     let ordered = params.deterministic && super::ordered::applies(op);
     check_schedules_with(op, count, elem_size, root, &schedules, ordered)
 }

@@ -417,7 +417,7 @@ pub fn reduce(req: &PlanRequest<'_>, params: &PlanParams) -> Schedule {
 #[cfg(test)]
 mod tests {
     use super::super::check::check_on;
-    use super::super::{plan_with, Step};
+    use super::super::{plan_ranks, plan_with, Step};
     use super::*;
     use crate::types::OpKind;
 
@@ -537,21 +537,9 @@ mod tests {
     }
 
     fn schedules(op: OpKind, hosts: &[usize], count: usize, root: usize, p: &PlanParams) -> Vec<Schedule> {
-        (0..hosts.len())
-            .map(|rank| {
-                let req = PlanRequest {
-                    op,
-                    rank,
-                    world: hosts.len(),
-                    count,
-                    elem_size: 4,
-                    root,
-                    algorithm: Some(Algorithm::Hierarchical),
-                    hosts,
-                };
-                plan_with(&req, p).unwrap()
-            })
-            .collect()
+        let algorithm = Some(Algorithm::Hierarchical);
+        let req = PlanRequest { op, rank: 0, world: hosts.len(), count, elem_size: 4, root, algorithm, hosts };
+        plan_ranks(&req, p).unwrap()
     }
 
     /// Bytes each rank sends to ranks on other hosts.
@@ -605,21 +593,18 @@ mod tests {
         }
         // A flat ring in rank order over interleaved hosts crosses on every hop.
         let interleaved = [0, 1, 0, 1, 0, 1, 0, 1];
-        let flat: Vec<Schedule> = (0..8)
-            .map(|rank| {
-                let req = PlanRequest {
-                    op: OpKind::AllReduce,
-                    rank,
-                    world: 8,
-                    count,
-                    elem_size: 4,
-                    root: 0,
-                    algorithm: Some(Algorithm::Ring),
-                    hosts: &[],
-                };
-                plan_with(&req, &p).unwrap()
-            })
-            .collect();
+        let algorithm = Some(Algorithm::Ring);
+        let req = PlanRequest {
+            op: OpKind::AllReduce,
+            rank: 0,
+            world: 8,
+            count,
+            elem_size: 4,
+            root: 0,
+            algorithm,
+            hosts: &[],
+        };
+        let flat = plan_ranks(&req, &p).unwrap();
         for x in cross_bytes(&flat, &interleaved) {
             assert_eq!(x, 2 * 7 * bytes / 8);
             assert!(x >= 7 * bytes / 4);

@@ -411,6 +411,15 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<Schedule, String> {
     plan_with(req, &PlanParams::default())
 }
 
+/// Plan every rank of one call: `req` with its `rank` replaced by each rank of the
+/// world in turn (`schedules[r]` is rank r's). What the checker, the tuner and the
+/// simulator price or prove.
+pub fn plan_ranks(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Vec<Schedule>, String> {
+    (0..req.world)
+        .map(|rank| plan_with(&PlanRequest { rank, ..*req }, params).map_err(|e| format!("rank {rank}: {e}")))
+        .collect()
+}
+
 /// Plan `req` for its rank with explicit tunables. Errors when the request is
 /// malformed (rank or root outside the world, zero element size) or the algorithm
 /// does not implement the op.

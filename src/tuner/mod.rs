@@ -60,24 +60,19 @@ pub struct Candidate {
 
 /// The schedules of every rank of `call` under `algorithm`.
 pub fn plan_all(call: &Call<'_>, algorithm: Algorithm, params: &PlanParams) -> Result<Vec<Schedule>, String> {
-    let world = call.hosts.len();
     // One host needs no layout: the planners then take their single-host shapes.
     let hosts: &[usize] = if call.hosts.iter().all(|&h| h == 0) { &[] } else { call.hosts };
-    (0..world)
-        .map(|rank| {
-            let req = PlanRequest {
-                op: call.op,
-                rank,
-                world,
-                count: call.count,
-                elem_size: call.elem_size,
-                root: call.root,
-                algorithm: Some(algorithm),
-                hosts,
-            };
-            algorithm::plan_with(&req, params)
-        })
-        .collect()
+    let req = PlanRequest {
+        op: call.op,
+        rank: 0,
+        world: call.hosts.len(),
+        count: call.count,
+        elem_size: call.elem_size,
+        root: call.root,
+        algorithm: Some(algorithm),
+        hosts,
+    };
+    algorithm::plan_ranks(&req, params)
 }
 
 /// Price every algorithm in `allowed` for `call`, cheapest first (ties keep the

@@ -265,6 +265,15 @@ pub fn measured_cost(class: LinkClass, m: &Measured) -> LinkCost {
     }
 }
 
+/// Put what was measured (or cached) for `class` into `model`, sanitised: its
+/// costs and, when the entry has one, the wait of a round on a busy host.
+pub fn apply(model: &mut CostModel, class: LinkClass, m: &Measured) {
+    model.set(class, measured_cost(class, m));
+    if let Some(b) = m.busy_round {
+        model.busy_round = sane(b, CostModel::default().busy_round);
+    }
+}
+
 /// Classes a probe over host buffers can measure.
 fn probeable(class: LinkClass) -> bool {
     matches!(class, LinkClass::SharedMemory | LinkClass::Tcp | LinkClass::Rdma)
@@ -311,15 +320,7 @@ pub fn fingerprint_from(cpuinfo: &str, meminfo: &str, kernel: &str) -> String {
 }
 
 fn uname_release() -> String {
-    // SAFETY: `uname` fills the zeroed struct it is given; `release` is then a
-    // NUL-terminated string inside it.
-    unsafe {
-        let mut u: libc::utsname = std::mem::zeroed();
-        if libc::uname(&mut u) != 0 {
-            return "unknown".into();
-        }
-        std::ffi::CStr::from_ptr(u.release.as_ptr()).to_string_lossy().into_owned()
-    }
+    nix::sys::utsname::uname().map_or_else(|_| "unknown".into(), |u| u.release().to_string_lossy().into_owned())
 }
 
 /// The cache key of the local class on the host with fingerprint `fp`.
@@ -728,12 +729,7 @@ fn lead(s: &ProbeSetup<'_>, ex: &dyn Exchange, pairs: &Pairs) -> Result<Probed> 
     let mut missing = Vec::new();
     for job in jobs.iter() {
         match s.cache_dir.as_deref().and_then(|d| read_cache(d, job.class, &job.key)) {
-            Some(m) => {
-                model.set(job.class, measured_cost(job.class, &m));
-                if let Some(b) = m.busy_round {
-                    model.busy_round = sane(b, default.busy_round);
-                }
-            }
+            Some(m) => apply(&mut model, job.class, &m),
             None => missing.push(job),
         }
     }

@@ -132,10 +132,7 @@ fn setup(m: &ModelArgs) -> Result<Setup, String> {
                 dir.display()
             )
         })?;
-        model.set(local, probe::measured_cost(local, &measured));
-        if let Some(b) = measured.busy_round {
-            model.busy_round = probe::sane(b, model.busy_round);
-        }
+        probe::apply(&mut model, local, &measured);
     }
     let mut cost: LinkCost = model.cost(link);
     if let Some(g) = m.gbps {
