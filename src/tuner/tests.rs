@@ -153,3 +153,18 @@ fn ranking_is_sorted_and_deterministic() {
 }
 
 use crate::algorithm::algorithms_for;
+
+#[test]
+fn the_ring_leads_ties_over_networks_and_across_hosts() {
+    let allowed = algorithms_for(OpKind::AllReduce);
+    let call = |hosts| Call { op: OpKind::AllReduce, count: 1 << 18, elem_size: 4, root: 0, hosts, busy: &[] };
+    let shm = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
+    let tcp = LinkPair { local: LinkClass::Tcp, remote: LinkClass::Tcp };
+    assert_eq!(tie_order(allowed, &call(&[0, 0]), shm), allowed.to_vec());
+    assert_ne!(allowed[0], Algorithm::Ring);
+    for order in [tie_order(allowed, &call(&[0, 0]), tcp), tie_order(allowed, &call(&[0, 0, 1, 1]), shm)] {
+        assert_eq!(order[0], Algorithm::Ring, "{order:?}");
+        let rest: Vec<Algorithm> = allowed.iter().copied().filter(|&a| a != Algorithm::Ring).collect();
+        assert_eq!(order[1..], rest[..], "the others keep their order");
+    }
+}

@@ -10,7 +10,8 @@ use std::io::Write;
 
 use braid::algorithm::{Algorithm, PlanParams};
 use braid::tuner::{
-    bus_factor, choose, probe, rank_candidates, AlgoPolicy, Call, CostModel, LinkClass, LinkCost, LinkPair, TIE_MARGIN,
+    bus_factor, choose, probe, rank_candidates, tie_order, AlgoPolicy, Call, CostModel, LinkClass, LinkCost, LinkPair,
+    TIE_MARGIN,
 };
 use braid::{DType, OpKind};
 use clap::Args;
@@ -233,10 +234,11 @@ pub fn explain(a: ExplainArgs) -> i32 {
             t.gamma_s * 1e6
         );
     }
+    let order = tie_order(&s.candidates, &c, s.links);
     println!(
         "pick: {} (the first of {} within {:.0}% of the cheapest)",
-        choose(&s.candidates, &ranked),
-        s.candidates.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "),
+        choose(&order, &ranked),
+        order.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "),
         TIE_MARGIN * 100.0
     );
     0
@@ -279,7 +281,7 @@ pub fn simulate(a: SimulateArgs) -> i32 {
             let t = ranked.iter().find(|r| r.algorithm == *alg).map_or(0.0, |r| r.terms.seconds());
             line += &format!(" {:>16.3}", busbw(t));
         }
-        let pick = choose(&s.candidates, &ranked);
+        let pick = choose(&tie_order(&s.candidates, &c, s.links), &ranked);
         let pick_time = ranked.iter().find(|r| r.algorithm == pick).map_or(0.0, |r| r.terms.seconds());
         line += &format!(" {:>16} {:>13.2}", pick.name(), pick_time * 1e6);
         println!("{line}");
