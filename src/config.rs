@@ -21,6 +21,8 @@
 //! | `BRAID_NT_STORES` | `auto` (default: time plain and non-temporal copies into shared-memory rings and keep the faster), `on`, `off` |
 //! | `BRAID_SPIN` | how long a rank with a core of its own polls before yielding, then sleeping (default 20ms) |
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 2M, 4M when the host's ranks outnumber their CPUs, less with many ranks: 16M per rank in all) |
+//! | `BRAID_FUSION_BYTES` | largest bucket of a [`crate::fusion::Fuser`] (default 64M; `0`: one collective per tensor) |
+//! | `BRAID_FUSION_CYCLE` | how long a fuser's request waits for others to share its bucket (default 1ms; `0`: none) |
 //! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core`, `none` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |

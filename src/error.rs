@@ -146,6 +146,38 @@ impl Error {
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Error {
         Error::Io { what: what.into(), source }
     }
+
+    /// A copy of this error, for handing one failure to every request it ends (an
+    /// I/O error's source keeps its kind and message).
+    pub fn share(&self) -> Error {
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::Config(m) => Error::Config(m.clone()),
+            Error::Mismatch { ctx, peer, ours, theirs, their_seq } => {
+                Error::Mismatch { ctx: ctx.clone(), peer: *peer, ours: *ours, theirs: *theirs, their_seq: *their_seq }
+            }
+            Error::PeerLost { ctx, peer, detail } => {
+                Error::PeerLost { ctx: ctx.clone(), peer: *peer, detail: detail.clone() }
+            }
+            Error::PeerAborted { ctx, peer, reason } => {
+                Error::PeerAborted { ctx: ctx.clone(), peer: *peer, reason: reason.clone() }
+            }
+            Error::Timeout { ctx, timeout, waiting_on } => {
+                Error::Timeout { ctx: ctx.clone(), timeout: *timeout, waiting_on: waiting_on.clone() }
+            }
+            Error::Protocol { ctx, peer, detail } => {
+                Error::Protocol { ctx: ctx.clone(), peer: *peer, detail: detail.clone() }
+            }
+            Error::Store(m) => Error::Store(m.clone()),
+            Error::Io { what, source } => {
+                Error::Io { what: what.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            Error::Broken(m) => Error::Broken(m.clone()),
+            Error::Aborted { rank, call } => Error::Aborted { rank: *rank, call: *call },
+            Error::Unsupported(m) => Error::Unsupported(m.clone()),
+            Error::Device(m) => Error::Device(m.clone()),
+        }
+    }
 }
 
 /// braid's result type.

@@ -49,6 +49,7 @@ pub mod device;
 pub mod error;
 pub mod executor;
 pub mod frame;
+pub mod fusion;
 pub mod placement;
 pub mod reduce;
 pub mod registered;

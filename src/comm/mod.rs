@@ -455,6 +455,12 @@ impl Communicator {
     pub fn reduce_scatter_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
         self.typed_async(OpKind::ReduceScatter, op, 0, buf)
     }
+    /// Asynchronous in-place [`Communicator::collective_bytes`] on an owned byte
+    /// buffer (`sig.dtype` elements, any alignment): the form mixed-dtype callers
+    /// such as [`crate::fusion::Fuser`] build on. Runs in issue order like every call.
+    pub fn collective_bytes_async(&self, sig: CallSig, mut buf: Vec<u8>) -> Work<Vec<u8>> {
+        self.spawn(move |core, t| core.collective_at(t, sig, None, &mut buf).map(|()| buf))
+    }
     /// Asynchronous barrier.
     pub fn barrier_async(&self) -> Work<()> {
         self.spawn(|core, t| {

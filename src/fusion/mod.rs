@@ -1,0 +1,381 @@
+//! Tensor fusion: many small asynchronous all-reduces become a few large ones.
+//!
+//! A [`Fuser`] takes all-reduce requests (tensors of any sizes and dtypes) and
+//! returns a handle for each at once. A background thread packs consecutive
+//! requests of one dtype and op into buckets of up to [`FusionConfig::threshold_bytes`],
+//! runs one collective per bucket, copies the results back and completes the handles.
+//!
+//! Every rank must run the same buckets in the same order, or their collectives
+//! would not match. Buckets follow submission order ([`plan::buckets`]), so ranks
+//! that submit the same requests in the same order agree on them once they agree
+//! where the submitted run ends. That cut is the only thing negotiated: when a
+//! rank has requests waiting (for the cycle time, or past the threshold, or on
+//! [`Fuser::flush`]) it enters a one-element all-reduce (min) of how many requests
+//! it has submitted, and every request below the minimum is bucketed. A rank with
+//! nothing waiting does not negotiate; it will, once it submits the requests its
+//! peers are waiting on. Horovod negotiates every tensor through rank 0; here one
+//! 8-byte all-reduce covers any number of them. Before a bucket's result is handed
+//! out, ranks compare a fingerprint of its layout, so two different layouts of the
+//! same total size fail with [`Error::Mismatch`] instead of mixing silently.
+//!
+//! While requests are in flight the fuser issues the communicator's calls: the
+//! caller must not issue its own on the same communicator until every handle is
+//! waited on (or use a [`Communicator::split`] of it).
+
+pub mod plan;
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::comm::Communicator;
+use crate::config::{parse_duration, parse_size};
+use crate::error::{Error, Result};
+use crate::types::{CallSig, Element, OpKind, ReduceOp};
+use plan::Entry;
+
+/// How a [`Fuser`] buckets (`BRAID_FUSION_BYTES`, `BRAID_FUSION_CYCLE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusionConfig {
+    /// Largest bucket in bytes (default 64 MiB); 0 turns fusion off (one
+    /// collective per tensor, still asynchronous and in order).
+    pub threshold_bytes: usize,
+    /// How long a request may wait for more to share its bucket before the fuser
+    /// negotiates (default 1 ms); 0: negotiate as soon as anything waits.
+    pub cycle: Duration,
+}
+
+impl Default for FusionConfig {
+    fn default() -> Self {
+        FusionConfig { threshold_bytes: 64 << 20, cycle: Duration::from_millis(1) }
+    }
+}
+
+impl FusionConfig {
+    /// The defaults, overridden by `BRAID_FUSION_BYTES` (`64M`, `0`) and
+    /// `BRAID_FUSION_CYCLE` (`1ms`, `0`).
+    pub fn from_env() -> Result<FusionConfig> {
+        FusionConfig::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`FusionConfig::from_env`] over any source of variables.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<FusionConfig> {
+        let mut cfg = FusionConfig::default();
+        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        if let Some(v) = get("BRAID_FUSION_BYTES") {
+            cfg.threshold_bytes = parse_size(&v).map_err(|e| Error::Config(format!("BRAID_FUSION_BYTES: {e}")))?;
+        }
+        if let Some(v) = get("BRAID_FUSION_CYCLE") {
+            cfg.cycle = if v.trim() == "0" {
+                Duration::ZERO
+            } else {
+                parse_duration(&v).map_err(|e| Error::Config(format!("BRAID_FUSION_CYCLE: {e}")))?
+            };
+        }
+        Ok(cfg)
+    }
+}
+
+/// A tensor the fuser holds while its request is in flight.
+trait Tensor: Send {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+impl<T: Element> Tensor for Vec<T> {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(self)
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(self)
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+type Done = mpsc::Sender<Result<Box<dyn Tensor>>>;
+
+/// One submitted all-reduce.
+struct Request {
+    entry: Entry,
+    tensor: Box<dyn Tensor>,
+    done: Done,
+    at: Instant,
+}
+
+/// A handle on one fused all-reduce: [`FusedWork::wait`] returns the tensor,
+/// reduced across ranks.
+pub struct FusedWork<T> {
+    rx: mpsc::Receiver<Result<Box<dyn Tensor>>>,
+    done: Option<Result<Box<dyn Tensor>>>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Element> FusedWork<T> {
+    /// Whether the request has finished (successfully or not). Never blocks.
+    pub fn test(&mut self) -> bool {
+        if self.done.is_none() {
+            if let Ok(r) = self.rx.try_recv() {
+                self.done = Some(r);
+            }
+        }
+        self.done.is_some()
+    }
+
+    /// Block until the request finishes; the reduced tensor.
+    pub fn wait(mut self) -> Result<Vec<T>> {
+        let r = match self.done.take() {
+            Some(r) => r,
+            None => self.rx.recv().unwrap_or_else(|_| Err(Error::Broken("the fuser stopped".into()))),
+        };
+        let any = r?.into_any();
+        any.downcast::<Vec<T>>()
+            .map(|b| *b)
+            .map_err(|_| Error::Broken("a fused tensor came back with another type".into()))
+    }
+}
+
+/// Requests not yet taken by the fuser's thread, and what it should do.
+#[derive(Default)]
+struct Queue {
+    requests: VecDeque<Request>,
+    /// Requests submitted so far (over the fuser's life).
+    submitted: u64,
+    /// Negotiate everything submitted up to here without waiting for the cycle.
+    flush_upto: u64,
+    stop: bool,
+    /// Set once a call failed: every later request fails with it.
+    broken: Option<Error>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Packs asynchronous all-reduce requests into buckets, one collective each.
+pub struct Fuser {
+    comm: Arc<Communicator>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Fuser {
+    /// A fuser over `comm` with `cfg` (see [`FusionConfig::from_env`]).
+    pub fn new(comm: Communicator, cfg: FusionConfig) -> Fuser {
+        let comm = Arc::new(comm);
+        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
+        let (c, s) = (comm.clone(), shared.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("braid-fusion-{}", comm.rank()))
+            .spawn(move || {
+                Packer { comm: c, shared: s, cfg, pending: Vec::new(), consumed: 0, bucket: Vec::new() }.run()
+            })
+            .ok();
+        if thread.is_none() {
+            shared.lock().broken = Some(Error::Broken(format!("rank {}: cannot start the fusion thread", comm.rank())));
+        }
+        Fuser { comm, shared, thread }
+    }
+
+    /// The communicator (for calls of its own once every request is waited on).
+    pub fn communicator(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// Submit an all-reduce of `tensor` with `op`; the handle gives it back reduced.
+    pub fn all_reduce<T: Element>(&self, tensor: Vec<T>, op: ReduceOp) -> FusedWork<T> {
+        let (tx, rx) = mpsc::channel();
+        let entry = Entry { dtype: T::DTYPE, op, bytes: std::mem::size_of_val(tensor.as_slice()) };
+        let mut q = self.shared.lock();
+        if let Some(e) = &q.broken {
+            let _ = tx.send(Err(e.share()));
+        } else {
+            q.submitted += 1;
+            q.requests.push_back(Request { entry, tensor: Box::new(tensor), done: tx, at: Instant::now() });
+            self.shared.wake.notify_one();
+        }
+        FusedWork { rx, done: None, _t: PhantomData }
+    }
+
+    /// Negotiate everything submitted so far now, without waiting for the cycle
+    /// (call it at the end of a step; it does not block).
+    pub fn flush(&self) {
+        let mut q = self.shared.lock();
+        q.flush_upto = q.submitted;
+        self.shared.wake.notify_one();
+    }
+
+    /// Finish every request (as if flushed) and give the communicator back.
+    pub fn into_communicator(mut self) -> Communicator {
+        self.stop();
+        let comm = self.comm.clone();
+        drop(self);
+        Arc::try_unwrap(comm)
+            .unwrap_or_else(|_| unreachable!("the fusion thread has ended and held the only other reference"))
+    }
+
+    fn stop(&mut self) {
+        {
+            let mut q = self.shared.lock();
+            q.stop = true;
+            q.flush_upto = q.submitted;
+        }
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Fuser {
+    /// Runs every submitted request to its end first: their peers wait for them.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The fuser's thread: waits for a reason to negotiate, then runs the buckets.
+struct Packer {
+    comm: Arc<Communicator>,
+    shared: Arc<Shared>,
+    cfg: FusionConfig,
+    /// Submitted, not yet bucketed (oldest first).
+    pending: Vec<Request>,
+    /// Requests bucketed so far (agreed by every rank: each cut is).
+    consumed: u64,
+    /// The bucket being reduced, kept between buckets.
+    bucket: Vec<u8>,
+}
+
+impl Packer {
+    fn run(mut self) {
+        loop {
+            let mut q = self.shared.lock();
+            self.pending.extend(q.requests.drain(..));
+            if self.pending.is_empty() {
+                if q.stop {
+                    return;
+                }
+                drop(self.shared.wake.wait(q));
+                continue;
+            }
+            let waiting = self.pending[0].at.elapsed();
+            let bytes: usize = self.pending.iter().map(|r| r.entry.bytes).sum();
+            let due = q.stop
+                || q.flush_upto > self.consumed
+                || waiting >= self.cfg.cycle
+                || (self.cfg.threshold_bytes > 0 && bytes >= self.cfg.threshold_bytes);
+            if !due {
+                drop(self.shared.wake.wait_timeout(q, self.cfg.cycle - waiting));
+                continue;
+            }
+            drop(q);
+            if let Err(e) = self.negotiate_and_run() {
+                self.fail_all(e);
+            }
+        }
+    }
+
+    /// Agree on the cut, then run every bucket below it.
+    fn negotiate_and_run(&mut self) -> Result<()> {
+        let mine = self.consumed + self.pending.len() as u64;
+        let mut cut = [i64::try_from(mine).unwrap_or(i64::MAX)];
+        self.comm.all_reduce_in_place(&mut cut, ReduceOp::Min)?;
+        let cut = u64::try_from(cut[0]).unwrap_or(0);
+        if cut <= self.consumed || cut > mine {
+            return Err(Error::Broken(format!(
+                "rank {}: fusion negotiated a cut at request {cut}, outside {}..={mine}",
+                self.comm.rank(),
+                self.consumed + 1
+            )));
+        }
+        let batch: Vec<Request> = self.pending.drain(..(cut - self.consumed) as usize).collect();
+        self.consumed = cut;
+        let mut rest: VecDeque<Request> = batch.into();
+        let r = self.run_batch(&mut rest);
+        // What a failure left unanswered gets its error (the rest of `pending` and
+        // later requests get it from `fail_all`).
+        if let Err(e) = &r {
+            rest.drain(..).for_each(|q| drop(q.done.send(Err(e.share()))));
+        }
+        r
+    }
+
+    /// Check that every rank has this batch's layout, run its buckets, hand out the
+    /// results. Calls run on this thread, one after another: a hop to the
+    /// communicator's async worker per bucket cost more than packing the next
+    /// bucket meanwhile saved, and fewer threads wait better on busy cores.
+    fn run_batch(&mut self, batch: &mut VecDeque<Request>) -> Result<()> {
+        let rank = self.comm.rank();
+        let entries: Vec<Entry> = batch.iter().map(|r| r.entry).collect();
+        let fp = plan::fingerprint(&entries);
+        let mut seen = [fp, -fp];
+        self.comm.all_reduce_in_place(&mut seen, ReduceOp::Min)?;
+        if seen[0] != -seen[1] {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: fused all-reduce of {} tensors: this rank's layout (sizes, dtypes and ops in submission \
+                 order; fingerprint {fp:#x}) differs from another rank's: every rank must submit the same tensors in \
+                 the same order",
+                batch.len()
+            )));
+        }
+        for range in plan::buckets(&entries, self.cfg.threshold_bytes) {
+            let run: Vec<Request> = batch.drain(..range.len()).collect();
+            let e = run[0].entry;
+            let total: usize = run.iter().map(|q| q.entry.bytes).sum();
+            // One buffer reused across buckets: a fresh one per bucket paid a page
+            // fault per 4 KiB every time.
+            let buf = &mut self.bucket;
+            buf.clear();
+            run.iter().for_each(|q| buf.extend_from_slice(q.tensor.bytes()));
+            let sig = CallSig::new(OpKind::AllReduce, e.dtype, (total / e.dtype.size()) as u64, 0, e.op);
+            let outcome = self.comm.collective_bytes(sig, None, buf);
+            let mut off = 0;
+            for mut req in run {
+                let reply = match &outcome {
+                    Ok(()) => {
+                        let n = req.entry.bytes;
+                        req.tensor.bytes_mut().copy_from_slice(&buf[off..off + n]);
+                        off += n;
+                        Ok(req.tensor)
+                    }
+                    Err(e) => Err(e.share()),
+                };
+                let _ = req.done.send(reply);
+            }
+            // The rest of the batch fails with it (in `fail_all`).
+            outcome?;
+        }
+        if self.bucket.capacity() > 2 * self.cfg.threshold_bytes.max(1 << 20) {
+            self.bucket = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// After a failed negotiation: every waiting and later request fails with `e`.
+    fn fail_all(&mut self, e: Error) {
+        let mut q = self.shared.lock();
+        let e = q.broken.get_or_insert(e).share();
+        self.pending.extend(q.requests.drain(..));
+        drop(q);
+        for r in self.pending.drain(..) {
+            let _ = r.done.send(Err(e.share()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

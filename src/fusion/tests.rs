@@ -1,0 +1,242 @@
+use std::time::Duration;
+
+use super::*;
+use crate::types::DType;
+use half::f16;
+
+/// Run `body(rank, fuser)` on every rank of an in-process world, in threads.
+fn on_ranks<R: Send + 'static>(
+    world: usize,
+    cfg: FusionConfig,
+    body: impl Fn(usize, &Fuser) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let body = Arc::new(body);
+    let comms = Communicator::in_process(world).expect("in-process world");
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let rank = c.rank();
+                let fuser = Fuser::new(c, cfg);
+                body(rank, &fuser)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().expect("rank thread")).collect()
+}
+
+/// Element `i` of tensor `t` on `rank`: small integers, exact in every dtype.
+fn value(rank: usize, t: usize, i: usize) -> i64 {
+    ((i * 7 + t * 3) % 23 + rank) as i64
+}
+
+/// The sum of [`value`] over `world` ranks.
+fn summed(world: usize, t: usize, i: usize) -> i64 {
+    (0..world).map(|r| value(r, t, i)).sum()
+}
+
+/// Sizes of a mixed list: tensor `t` has this many elements (0 and 1 included).
+fn len(t: usize) -> usize {
+    [0, 1, 3, 17, 256, 1000, 4099][t % 7] + t
+}
+
+/// Submit a mixed list (f32, i32, f16, f64 interleaved, in runs), wait, check every
+/// element exactly. Returns how many tensors were checked.
+fn mixed_round_trip(rank: usize, world: usize, fuser: &Fuser, tensors: usize, stagger: bool) -> usize {
+    enum H {
+        F32(FusedWork<f32>, usize),
+        I32(FusedWork<i32>, usize),
+        F16(FusedWork<f16>, usize),
+        F64(FusedWork<f64>, usize),
+    }
+    let mut handles = Vec::new();
+    for t in 0..tensors {
+        if stagger && (t + rank) % 5 == 0 {
+            std::thread::sleep(Duration::from_micros(300 * (rank as u64 + 1)));
+        }
+        let n = len(t);
+        let h = match (t / 3) % 4 {
+            0 => H::F32(fuser.all_reduce((0..n).map(|i| value(rank, t, i) as f32).collect(), ReduceOp::Sum), t),
+            1 => H::I32(fuser.all_reduce((0..n).map(|i| value(rank, t, i) as i32).collect(), ReduceOp::Sum), t),
+            2 => H::F16(
+                fuser.all_reduce((0..n).map(|i| f16::from_f32(value(rank, t, i) as f32)).collect(), ReduceOp::Sum),
+                t,
+            ),
+            _ => H::F64(fuser.all_reduce((0..n).map(|i| value(rank, t, i) as f64).collect(), ReduceOp::Sum), t),
+        };
+        handles.push(h);
+    }
+    fuser.flush();
+    let mut checked = 0;
+    for h in handles {
+        let (got, t): (Vec<i64>, usize) = match h {
+            H::F32(w, t) => (w.wait().unwrap().iter().map(|&x| x as i64).collect(), t),
+            H::I32(w, t) => (w.wait().unwrap().iter().map(|&x| x as i64).collect(), t),
+            H::F16(w, t) => (w.wait().unwrap().iter().map(|x| x.to_f32() as i64).collect(), t),
+            H::F64(w, t) => (w.wait().unwrap().iter().map(|&x| x as i64).collect(), t),
+        };
+        let want: Vec<i64> = (0..len(t)).map(|i| summed(world, t, i)).collect();
+        assert_eq!(got, want, "rank {rank}: tensor {t}");
+        checked += 1;
+    }
+    checked
+}
+
+#[test]
+fn mixed_tensors_reduce_exactly_for_every_world_and_threshold() {
+    for world in [1, 2, 3, 4] {
+        for (threshold, cycle) in [(0, 0), (1 << 10, 0), (16 << 10, 1), (64 << 20, 1), (64 << 20, 50)] {
+            let cfg = FusionConfig { threshold_bytes: threshold, cycle: Duration::from_millis(cycle) };
+            let counts = on_ranks(world, cfg, move |rank, f| mixed_round_trip(rank, world, f, 40, false));
+            assert_eq!(counts, vec![40; world], "world {world} threshold {threshold}");
+        }
+    }
+}
+
+#[test]
+fn ranks_that_submit_at_different_times_still_agree() {
+    for world in [2, 3] {
+        let cfg = FusionConfig { threshold_bytes: 8 << 10, cycle: Duration::from_micros(200) };
+        let counts = on_ranks(world, cfg, move |rank, f| mixed_round_trip(rank, world, f, 60, true));
+        assert_eq!(counts, vec![60; world]);
+    }
+}
+
+#[test]
+fn avg_and_max_buckets_apart_from_sums() {
+    let world = 3;
+    let out = on_ranks(world, FusionConfig::default(), move |rank, f| {
+        let r = rank as f32;
+        let a = f.all_reduce(vec![r * 3.0; 5], ReduceOp::Avg);
+        let m = f.all_reduce(vec![r, 10.0 - r], ReduceOp::Max);
+        let s = f.all_reduce(vec![1i64; 7], ReduceOp::Sum);
+        f.flush();
+        (a.wait().unwrap(), m.wait().unwrap(), s.wait().unwrap())
+    });
+    for (a, m, s) in out {
+        assert_eq!(a, vec![3.0; 5]);
+        assert_eq!(m, vec![2.0, 10.0]);
+        assert_eq!(s, vec![3i64; 7]);
+    }
+}
+
+#[test]
+fn requests_left_at_drop_complete_and_the_communicator_comes_back() {
+    let out = on_ranks(2, FusionConfig { threshold_bytes: 64 << 20, cycle: Duration::from_secs(3600) }, |rank, f| {
+        // No flush and an hour's cycle: only stopping the fuser negotiates these.
+        let w = f.all_reduce(vec![rank as i32 + 1; 9], ReduceOp::Sum);
+        (w, rank)
+    });
+    // The fusers were dropped at the end of each rank's body, finishing the request.
+    for (w, _) in out {
+        assert_eq!(w.wait().unwrap(), vec![3; 9]);
+    }
+    let sums = on_ranks(2, FusionConfig::default(), |rank, f| {
+        let w = f.all_reduce(vec![rank as u8; 4], ReduceOp::Sum);
+        f.flush();
+        let got = w.wait().unwrap();
+        // Safe to use the communicator directly once every handle is waited on.
+        let mut more = vec![rank as i32; 3];
+        f.communicator().all_reduce_in_place(&mut more, ReduceOp::Sum).unwrap();
+        (got, more)
+    });
+    for (got, more) in sums {
+        assert_eq!(got, vec![1u8; 4]);
+        assert_eq!(more, vec![1; 3]);
+    }
+}
+
+#[test]
+fn into_communicator_finishes_requests_first() {
+    let comms = Communicator::in_process(2).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let rank = c.rank() as i64;
+                let f = Fuser::new(c, FusionConfig { threshold_bytes: 1 << 20, cycle: Duration::from_secs(3600) });
+                let w = f.all_reduce(vec![rank; 2], ReduceOp::Sum);
+                let comm = f.into_communicator();
+                let mut v = [rank * 10];
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                (w.wait().unwrap(), v[0])
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), (vec![1i64; 2], 10));
+    }
+}
+
+#[test]
+fn different_layouts_of_one_size_fail_on_every_rank_without_hanging() {
+    // Same dtype and total bytes, other split: one bucket of 12 floats on both
+    // ranks, which without the layout check would reduce tensor halves into each
+    // other silently.
+    let out = on_ranks(2, FusionConfig { threshold_bytes: 1 << 20, cycle: Duration::from_secs(3600) }, |rank, f| {
+        let sizes = if rank == 0 { [4, 8] } else { [8, 4] };
+        let ws: Vec<_> = sizes.iter().map(|&n| f.all_reduce(vec![1.0f32; n], ReduceOp::Sum)).collect();
+        f.flush();
+        let results: Vec<Result<Vec<f32>>> = ws.into_iter().map(FusedWork::wait).collect();
+        // Later requests fail at once with the same cause.
+        let later = f.all_reduce(vec![1.0f32; 1], ReduceOp::Sum).wait();
+        (results, later)
+    });
+    for (results, later) in out {
+        for r in results {
+            let e = r.expect_err("mismatched layouts must fail");
+            assert!(e.to_string().contains("layout"), "{e}");
+        }
+        assert!(later.is_err());
+    }
+}
+
+#[test]
+fn config_reads_the_environment_forms() {
+    let vars = |pairs: &'static [(&'static str, &'static str)]| {
+        move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    };
+    assert_eq!(FusionConfig::from_vars(vars(&[])).unwrap(), FusionConfig::default());
+    let off = FusionConfig::from_vars(vars(&[("BRAID_FUSION_BYTES", "0"), ("BRAID_FUSION_CYCLE", "0")])).unwrap();
+    assert_eq!(off, FusionConfig { threshold_bytes: 0, cycle: Duration::ZERO });
+    let set = FusionConfig::from_vars(vars(&[("BRAID_FUSION_BYTES", "4M"), ("BRAID_FUSION_CYCLE", "5ms")])).unwrap();
+    assert_eq!(set, FusionConfig { threshold_bytes: 4 << 20, cycle: Duration::from_millis(5) });
+    let bad = FusionConfig::from_vars(vars(&[("BRAID_FUSION_BYTES", "lots")])).unwrap_err();
+    assert!(bad.to_string().contains("BRAID_FUSION_BYTES"), "{bad}");
+    let bad = FusionConfig::from_vars(vars(&[("BRAID_FUSION_CYCLE", "soon")])).unwrap_err();
+    assert!(bad.to_string().contains("BRAID_FUSION_CYCLE"), "{bad}");
+}
+
+#[test]
+fn byte_level_async_calls_run_in_issue_order_with_any_dtype() {
+    // The form fusion's callers of mixed dtypes build on: two async byte calls of
+    // different dtypes, issued back to back, then a typed sync call.
+    let comms = Communicator::in_process(3).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let r = c.rank() as i64;
+                let ints: Vec<u8> = bytemuck::cast_slice(&[r, 2 * r, -r]).to_vec();
+                let halves: Vec<u8> = bytemuck::cast_slice(&[f16::from_f32(r as f32); 5]).to_vec();
+                let a =
+                    c.collective_bytes_async(CallSig::new(OpKind::AllReduce, DType::I64, 3, 0, ReduceOp::Sum), ints);
+                let b =
+                    c.collective_bytes_async(CallSig::new(OpKind::AllReduce, DType::F16, 5, 0, ReduceOp::Max), halves);
+                let mut last = [r as i32];
+                c.all_reduce_in_place(&mut last, ReduceOp::Sum).unwrap();
+                let a: Vec<i64> =
+                    a.wait().unwrap().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+                let b: Vec<f16> = b.wait().unwrap().chunks(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect();
+                (a, b, last[0])
+            })
+        })
+        .collect();
+    for t in threads {
+        let (a, b, last) = t.join().unwrap();
+        assert_eq!(a, vec![3, 6, -3]);
+        assert_eq!(b, vec![f16::from_f32(2.0); 5]);
+        assert_eq!(last, 3);
+    }
+}
