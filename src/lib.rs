@@ -53,6 +53,7 @@ pub mod fusion;
 pub mod placement;
 pub mod reduce;
 pub mod registered;
+pub mod strategy;
 pub mod topology;
 pub mod transport;
 pub mod tuner;

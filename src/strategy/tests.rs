@@ -1,0 +1,190 @@
+use std::path::PathBuf;
+
+use super::checkpoint::{decode, encode};
+use super::*;
+use crate::comm::Communicator;
+
+/// A least-squares linear model over a fixed synthetic set: 3 weights and a bias.
+const FEATURES: usize = 3;
+const EXAMPLES: usize = 24;
+
+fn example(i: usize) -> ([f32; FEATURES], f32) {
+    let x = [(i % 5) as f32 * 0.5, (i % 3) as f32 - 1.0, ((i * 7) % 11) as f32 * 0.1];
+    (x, 2.0 * x[0] - x[1] + 0.5 * x[2] + 0.25)
+}
+
+fn init() -> Tensors {
+    vec![vec![0.1, -0.2, 0.3], vec![0.0]]
+}
+
+/// Gradient sums of squared error over the replica's share of batch `b`.
+fn grads_of(batch_start: usize) -> impl Fn(&Replica<'_>) -> Gradients + Sync {
+    move |r: &Replica<'_>| {
+        let (w, b) = (&r.vars[0], r.vars[1][0]);
+        let mut g = Gradients { grads: vec![vec![0.0; FEATURES], vec![0.0]], loss: 0.0 };
+        for i in r.batch.clone() {
+            let (x, y) = example(batch_start + i);
+            let err = w.iter().zip(&x).map(|(w, x)| w * x).sum::<f32>() + b - y;
+            for (gk, xk) in g.grads[0].iter_mut().zip(&x) {
+                *gk += 2.0 * err * xk;
+            }
+            g.grads[1][0] += 2.0 * err;
+            g.loss += f64::from(err * err);
+        }
+        g
+    }
+}
+
+fn sgd(vars: &mut Tensors, grads: &Tensors) {
+    for (v, g) in vars.iter_mut().flatten().zip(grads.iter().flatten()) {
+        *v -= 0.05 * g;
+    }
+}
+
+/// Train `epochs` over the set in global batches of `batch` (the last one short).
+fn train(s: &mut dyn Strategy, epochs: usize, batch: usize) -> Vec<f64> {
+    let mut losses = Vec::new();
+    for _ in 0..epochs {
+        for start in (0..EXAMPLES).step_by(batch) {
+            let n = batch.min(EXAMPLES - start);
+            losses.push(s.step(n, &grads_of(start), &sgd).expect("step"));
+        }
+    }
+    losses
+}
+
+fn max_diff(a: &Tensors, b: &Tensors) -> f32 {
+    a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn reference(epochs: usize, batch: usize) -> (Tensors, Vec<f64>) {
+    let mut one = OneDevice::new(init());
+    let losses = train(&mut one, epochs, batch);
+    (one.variables().clone(), losses)
+}
+
+#[test]
+fn split_batch_is_contiguous_and_even() {
+    assert_eq!(split_batch(10, 4), vec![0..3, 3..6, 6..8, 8..10]);
+    assert_eq!(split_batch(2, 4), vec![0..1, 1..2, 2..2, 2..2]);
+    assert_eq!(split_batch(5, 0), vec![0..5]);
+}
+
+#[test]
+fn synchronous_strategies_match_one_device() {
+    // A batch of 7 does not divide by 2 or 4: uneven shares must still give the
+    // one-device update (sums, then one division by the global batch).
+    let (want, want_losses) = reference(5, 7);
+    let mut cases: Vec<Box<dyn Strategy>> = Vec::new();
+    for n in [1, 2, 3, 4] {
+        cases.push(Box::new(Mirrored::new(n, init(), CrossReplica::AllReduce).unwrap()));
+        cases.push(Box::new(CentralStorage::new(n, init()).unwrap()));
+    }
+    cases.push(Box::new(Mirrored::new(4, init(), CrossReplica::Hierarchical).unwrap()));
+    cases.push(Box::new(Mirrored::new(3, init(), CrossReplica::ReduceBroadcast).unwrap()));
+    for mut s in cases {
+        let losses = train(s.as_mut(), 5, 7);
+        let d = max_diff(s.variables(), &want);
+        assert!(d <= 1e-5, "{} with {} replicas: weights differ by {d}", s.name(), s.num_replicas_in_sync());
+        for (a, b) in losses.iter().zip(&want_losses) {
+            assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{}: loss {a} against {b}", s.name());
+        }
+    }
+}
+
+#[test]
+fn multi_worker_replicas_match_one_device() {
+    let (want, _) = reference(5, 8);
+    for n in [1, 2, 4] {
+        let comms = Communicator::in_process(n).unwrap();
+        let threads: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let mut s = MultiWorkerMirrored::new(c, init()).unwrap();
+                    assert_eq!(s.num_replicas_in_sync(), n);
+                    train(&mut s, 5, 8);
+                    let mean = s.reduce(Reduction::Mean, &[s.local_replicas().start as f64]).unwrap();
+                    (s.variables().clone(), mean)
+                })
+            })
+            .collect();
+        for t in threads {
+            let (vars, mean) = t.join().unwrap();
+            assert!(max_diff(&vars, &want) <= 1e-5, "{n} workers");
+            assert_eq!(mean, (n - 1) as f64 / 2.0);
+        }
+    }
+}
+
+#[test]
+fn replicas_start_from_replica_zero_and_reduce_values() {
+    let mut m = Mirrored::new(3, init(), CrossReplica::AllReduce).unwrap();
+    assert_eq!(m.reduce(Reduction::Sum, &[1.0, 2.0, 4.0]).unwrap(), 7.0);
+    assert_eq!(m.reduce(Reduction::Mean, &[1.0, 2.0, 6.0]).unwrap(), 3.0);
+    assert!(m.reduce(Reduction::Sum, &[1.0]).is_err());
+    let new = vec![vec![1.0, 2.0, 3.0], vec![4.0]];
+    m.set_variables(new.clone()).unwrap();
+    assert_eq!(m.variables(), &new);
+    assert!(m.set_variables(vec![vec![1.0]]).is_err());
+}
+
+#[test]
+fn a_step_with_misshaped_gradients_fails_on_every_replica() {
+    let mut m = Mirrored::new(2, init(), CrossReplica::AllReduce).unwrap();
+    let bad = |r: &Replica<'_>| Gradients {
+        grads: if r.id == 0 { vec![vec![0.0; 2]] } else { vec![vec![0.0; 3], vec![0.0]] },
+        loss: 0.0,
+    };
+    assert!(m.step(4, &bad, &sgd).is_err());
+    let mut c = CentralStorage::new(2, init()).unwrap();
+    assert!(c.step(4, &bad, &sgd).is_err());
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("braid-ckpt-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("model.ckpt")
+}
+
+#[test]
+fn checkpoints_round_trip_and_resume() {
+    let path = temp("resume");
+    let (want, _) = reference(4, 6);
+    // Two epochs, save, then a fresh strategy restores and trains two more.
+    let mut a = Mirrored::new(2, init(), CrossReplica::AllReduce).unwrap();
+    train(&mut a, 2, 6);
+    a.save(&path, 2).unwrap();
+    let mut b = Mirrored::new(2, init(), CrossReplica::AllReduce).unwrap();
+    assert_eq!(b.restore(&path).unwrap(), 2);
+    train(&mut b, 2, 6);
+    assert!(max_diff(b.variables(), &want) <= 1e-5);
+    // A model of other shapes refuses it.
+    let mut other = OneDevice::new(vec![vec![0.0; 2]]);
+    assert!(other.restore(&path).unwrap_err().to_string().contains("lengths"));
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn damaged_checkpoints_are_refused() {
+    let good = encode(&Checkpoint { epoch: 3, vars: vec![vec![1.0, 2.0], vec![], vec![3.5]] });
+    assert_eq!(decode(&good, "t").unwrap().vars, vec![vec![1.0, 2.0], vec![], vec![3.5]]);
+    assert!(decode(b"hello", "t").is_err());
+    for cut in 0..good.len() {
+        assert!(decode(&good[..cut], "t").is_err(), "truncated at {cut}");
+    }
+    for i in 0..good.len() {
+        let mut bad = good.clone();
+        bad[i] ^= 0x40;
+        assert!(decode(&bad, "t").is_err(), "flipped byte {i}");
+    }
+    // A huge tensor count or length with a matching checksum: refused before allocating.
+    for (at, value) in [(19 + 8, u64::MAX), (19 + 16, u64::MAX / 2)] {
+        let mut lie = good[..good.len() - 8].to_vec();
+        lie[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        let sum = lie.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        lie.extend_from_slice(&sum.to_le_bytes());
+        let e = decode(&lie, "t").unwrap_err().to_string();
+        assert!(e.contains("tensors") || e.contains("lengths"), "{e}");
+    }
+}
