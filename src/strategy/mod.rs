@@ -15,14 +15,17 @@
 //! | [`Mirrored`] | threads of this process | all-reduce through a [`crate::fusion::Fuser`] (or reduce then broadcast, or hierarchical) |
 //! | [`MultiWorkerMirrored`] | one per process, any hosts | all-reduce through a fuser over a store-built communicator |
 //! | [`CentralStorage`] | threads of this process | reduced to the one copy of the variables, applied once, new values broadcast |
+//! | [`ParameterServer`] | one per process, any hosts | asynchronous: workers push to and pull from the servers' shards, never waiting for each other |
 //!
 //! Files: `mod.rs` the trait and shared pieces; `one_device.rs`; `mirrored.rs`
-//! (mirrored and multi-worker); `central_storage.rs`; `checkpoint.rs`.
+//! (mirrored and multi-worker); `central_storage.rs`; `parameter_server.rs`;
+//! `checkpoint.rs`.
 
 mod central_storage;
 mod checkpoint;
 mod mirrored;
 mod one_device;
+mod parameter_server;
 
 use std::ops::Range;
 use std::path::Path;
@@ -31,6 +34,7 @@ pub use central_storage::CentralStorage;
 pub use checkpoint::{read_checkpoint, write_checkpoint, Checkpoint};
 pub use mirrored::{CrossReplica, Mirrored, MultiWorkerMirrored};
 pub use one_device::OneDevice;
+pub use parameter_server::{ParameterServer, ServeReport};
 
 use crate::error::Result;
 
@@ -101,6 +105,12 @@ pub trait Strategy: Send {
 
     /// The variables (every replica's copy is equal; this is the first local one).
     fn variables(&self) -> &Tensors;
+
+    /// Bring [`Strategy::variables`] up to date where they live elsewhere (a
+    /// parameter-server worker pulls them); nothing for the synchronous strategies.
+    fn sync(&mut self) -> Result<()> {
+        Ok(())
+    }
 
     /// Replace the variables on every replica (same shapes as before).
     fn set_variables(&mut self, vars: Tensors) -> Result<()>;

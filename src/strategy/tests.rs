@@ -188,3 +188,114 @@ fn damaged_checkpoints_are_refused() {
         assert!(e.contains("tensors") || e.contains("lengths"), "{e}");
     }
 }
+
+/// Run a parameter-server job of `servers + workers` rank threads: servers serve,
+/// workers train `epochs`; each worker's final pulled variables, and each
+/// server's report. `quit_after` makes worker 1 go silent after that many steps.
+fn ps_job(
+    servers: usize,
+    workers: usize,
+    epochs: usize,
+    staleness: Option<u64>,
+    quit_after: Option<usize>,
+) -> (Vec<Tensors>, Vec<ServeReport>) {
+    let mut cfg = crate::Config::new(0, servers + workers);
+    cfg.timeout = std::time::Duration::from_secs(2);
+    let comms = Communicator::in_process_with(cfg).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut p = ParameterServer::new(c, servers, init(), staleness).unwrap();
+                if p.is_server() {
+                    return (None, Some(p.serve(&sgd).unwrap()));
+                }
+                let w = p.local_replicas().start;
+                let mut steps = 0;
+                for _ in 0..epochs {
+                    for start in (0..EXAMPLES).step_by(8) {
+                        if w == 1 && quit_after == Some(steps) {
+                            // Silent from here on, links left open: only the
+                            // servers' deadline notices.
+                            std::mem::forget(p);
+                            return (None, None);
+                        }
+                        p.step(8, &grads_of(start), &sgd).unwrap();
+                        steps += 1;
+                    }
+                }
+                p.sync().unwrap();
+                (Some(p.variables().clone()), None)
+            })
+        })
+        .collect();
+    let (mut vars, mut reports) = (Vec::new(), Vec::new());
+    for t in threads {
+        let (v, r) = t.join().unwrap();
+        vars.extend(v);
+        reports.extend(r);
+    }
+    (vars, reports)
+}
+
+fn loss_of(vars: &Tensors) -> f64 {
+    let all = Replica { id: 0, replicas: 1, batch: 0..EXAMPLES, vars };
+    grads_of(0)(&all).loss / EXAMPLES as f64
+}
+
+#[test]
+fn parameter_servers_train_asynchronous_workers() {
+    let start = loss_of(&init());
+    for (servers, workers, staleness) in [(1, 1, None), (1, 3, None), (2, 3, Some(1))] {
+        let (vars, reports) = ps_job(servers, workers, 30, staleness, None);
+        assert_eq!(vars.len(), workers);
+        for r in &reports {
+            assert_eq!(r.finished, (0..workers).collect::<Vec<_>>());
+            assert!(r.lost.is_empty());
+        }
+        // Each worker's last pull (others may still have been pushing) learned.
+        for v in &vars {
+            let end = loss_of(v);
+            assert!(end < start / 5.0, "{servers} servers, {workers} workers: loss {start} -> {end}");
+        }
+    }
+}
+
+#[test]
+fn a_silent_worker_is_dropped_and_the_others_finish() {
+    let start = loss_of(&init());
+    // Worker 1 stops after 2 steps; with a staleness bound of 1 the others would
+    // wait for it forever, until the servers' deadline drops it.
+    let (vars, reports) = ps_job(1, 3, 10, Some(1), Some(2));
+    assert_eq!(vars.len(), 2);
+    assert_eq!(reports[0].lost, vec![1]);
+    assert_eq!(reports[0].finished, vec![0, 2]);
+    assert!(loss_of(&vars[0]) < start / 10.0);
+}
+
+#[test]
+fn parameter_server_roles_refuse_the_other_roles_calls() {
+    let comms = Communicator::in_process(2).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut p = ParameterServer::new(c, 1, init(), None).unwrap();
+                if p.is_server() {
+                    assert!(p.step(4, &grads_of(0), &sgd).is_err());
+                    assert!(p.set_variables(vec![vec![0.0]]).is_err());
+                    p.serve(&sgd).unwrap()
+                } else {
+                    assert!(p.serve(&sgd).is_err());
+                    assert!(p.set_variables(init()).is_err());
+                    assert!(p.reduce(Reduction::Sum, &[1.0]).is_err());
+                    p.finish().unwrap();
+                    ServeReport { finished: vec![], lost: vec![] }
+                }
+            })
+        })
+        .collect();
+    let reports: Vec<ServeReport> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(reports[0].finished, vec![0]);
+    assert!(ParameterServer::new(Communicator::in_process(1).unwrap().remove(0), 1, init(), None).is_err());
+}
