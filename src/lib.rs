@@ -39,25 +39,29 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// Every type a public item mentions can be named from outside the crate.
+#![warn(unnameable_types)]
 
 pub mod algorithm;
-pub mod auth;
+mod auth;
 pub mod bootstrap;
-pub mod comm;
+mod comm;
 pub mod config;
 pub mod device;
-pub mod error;
-pub mod executor;
-pub mod frame;
+mod error;
+mod executor;
+mod frame;
 pub mod placement;
 pub mod reduce;
 pub mod registered;
-pub mod topology;
-pub mod transport;
+mod topology;
+mod transport;
 pub mod tuner;
-pub mod types;
+mod types;
 
+pub use auth::JobKey;
 pub use comm::{Communicator, CommunicatorBuilder, Work};
 pub use config::Config;
-pub use error::{Error, Result};
+pub use error::{Error, OpContext, Result};
+pub use transport::TransportKind;
 pub use types::{CallSig, DType, Element, OpKind, ReduceOp};
