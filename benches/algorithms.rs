@@ -15,7 +15,7 @@ mod common;
 use std::time::Duration;
 
 use braid::algorithm::algorithms_for;
-use braid::transport::TransportKind;
+use braid::TransportKind;
 use braid::{CallSig, DType, OpKind, ReduceOp};
 use common::{comms, Group};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

@@ -6,8 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use braid::transport::TransportKind;
 use braid::Communicator;
+use braid::TransportKind;
 use common::{comms, Group};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 

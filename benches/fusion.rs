@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use braid::fusion::{FusedWork, Fuser, FusionConfig};
-use braid::transport::TransportKind;
+use braid::TransportKind;
 use braid::{Communicator, ReduceOp};
 use common::comms;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};

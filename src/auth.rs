@@ -89,13 +89,20 @@ impl JobKey {
     }
 
     /// The answer `role` gives to the peer's challenge `theirs`, having sent `ours`.
-    pub fn prove(&self, role: Role, context: &[u8], ours: &Challenge, theirs: &Challenge) -> Proof {
+    pub(crate) fn prove(&self, role: Role, context: &[u8], ours: &Challenge, theirs: &Challenge) -> Proof {
         self.mac(role, context, ours, theirs).finalize().into_bytes().into()
     }
 
     /// Whether `proof` is the answer the peer in `peer_role` owes: it sent
     /// `theirs` and answers our challenge `ours`. Constant time.
-    pub fn verify(&self, peer_role: Role, context: &[u8], ours: &Challenge, theirs: &Challenge, proof: &[u8]) -> bool {
+    pub(crate) fn verify(
+        &self,
+        peer_role: Role,
+        context: &[u8],
+        ours: &Challenge,
+        theirs: &Challenge,
+        proof: &[u8],
+    ) -> bool {
         self.mac(peer_role, context, theirs, ours).verify_slice(proof).is_ok()
     }
 }

@@ -31,6 +31,7 @@
 //! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
 //! (`OMPI_COMM_WORLD_*`) and Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`).
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -261,6 +262,30 @@ pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| format!("`{text}` is not a size (try 4096, 1K, 16M, 1G)"))
 }
 
+/// Whether ring writes use non-temporal stores (`BRAID_NT_STORES`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamPolicy {
+    /// Time both kinds of copy and use the faster (the default).
+    #[default]
+    Auto,
+    /// Always stream writes of at least 1 KiB.
+    On,
+    /// Never stream.
+    Off,
+}
+
+impl FromStr for StreamPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(StreamPolicy::Auto),
+            "1" | "on" | "yes" | "true" => Ok(StreamPolicy::On),
+            "0" | "off" | "no" | "false" => Ok(StreamPolicy::Off),
+            other => Err(format!("`{other}` is not auto, on or off")),
+        }
+    }
+}
+
 /// Thresholds and grain sizes of the byte-stream channels, measured on one machine
 /// and settable per communicator (environment or [`Config::tuning`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,8 +305,8 @@ pub struct Tuning {
     /// progress before it yields and then sleeps.
     pub spin: Duration,
     /// Whether shared-memory ring writes (of at least 1 KiB) use non-temporal stores: `Auto`
-    /// times both and keeps the faster (see [`crate::transport::stream_copy`]).
-    pub nt_stores: crate::transport::stream_copy::StreamPolicy,
+    /// times both and keeps the faster.
+    pub nt_stores: StreamPolicy,
 }
 
 impl Default for Tuning {
@@ -293,7 +318,7 @@ impl Default for Tuning {
             forward_pass_bytes: crate::executor::stream::FORWARD_PASS_BYTES,
             peer_chunk: crate::executor::stream::PEER_CHUNK,
             spin: crate::executor::DEFAULT_SPIN,
-            nt_stores: crate::transport::stream_copy::StreamPolicy::Auto,
+            nt_stores: StreamPolicy::Auto,
         }
     }
 }
@@ -441,7 +466,7 @@ mod tests {
             forward_pass_bytes: 65536,
             peer_chunk: 262144,
             spin: Duration::from_millis(5),
-            nt_stores: crate::transport::stream_copy::StreamPolicy::Off,
+            nt_stores: StreamPolicy::Off,
         };
         assert_eq!(t, want);
         for (k, v) in [

@@ -25,7 +25,7 @@
 //! loop, bound ranks took 0.48–0.55x Open MPI's time at 64 KiB and 1 MiB (unbound
 //! ones 0.42–0.47x), and 4 KiB is about even (results/busy-2026-11-24.md).
 //!
-//! The deciding is pure ([`plan`]) and tested on made-up machines; [`apply`] reads
+//! The deciding is pure (`plan`) and tested on made-up machines; `apply` reads
 //! this machine and sets the calling thread's affinity (threads it starts later,
 //! such as the communicator's worker, inherit it).
 
@@ -69,7 +69,7 @@ impl fmt::Display for BindPolicy {
 
 /// Where a CPU sits: package and core ids from `/sys/devices/system/cpu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CpuInfo {
+pub(crate) struct CpuInfo {
     /// Logical CPU number.
     pub cpu: usize,
     /// `physical_package_id`.
@@ -80,7 +80,7 @@ pub struct CpuInfo {
 
 /// What placement decided for this rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Bind to this logical CPU.
     Bind(usize),
     /// Leave the affinity alone, for this reason.
@@ -89,7 +89,7 @@ pub enum Decision {
 
 /// The allowed CPUs in binding order: packages in order, then cores, the first
 /// hardware thread of every core before any second one.
-pub fn binding_order(allowed: &[CpuInfo]) -> Vec<usize> {
+pub(crate) fn binding_order(allowed: &[CpuInfo]) -> Vec<usize> {
     let mut by_core: Vec<(usize, usize, Vec<usize>)> = Vec::new();
     for c in allowed {
         match by_core.iter_mut().find(|(p, k, _)| *p == c.package && *k == c.core) {
@@ -107,7 +107,7 @@ pub fn binding_order(allowed: &[CpuInfo]) -> Vec<usize> {
 
 /// Decide for local rank `local_rank` of `local_size`, which may run on `allowed`
 /// of the machine's `online` CPUs; `launched` says whether a launcher started it.
-pub fn plan(
+pub(crate) fn plan(
     policy: BindPolicy,
     launched: bool,
     local_rank: usize,
@@ -137,7 +137,7 @@ pub fn plan(
 }
 
 /// The CPUs the calling thread may run on.
-pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+pub(crate) fn allowed_cpus() -> std::io::Result<Vec<usize>> {
     let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).map_err(std::io::Error::from)?;
     Ok((0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
 }
@@ -149,7 +149,7 @@ fn read_id(cpu: usize, what: &str) -> Option<usize> {
 
 /// Where each of `cpus` sits (a CPU whose topology cannot be read counts as a
 /// core of its own in package 0).
-pub fn cpu_info(cpus: &[usize]) -> Vec<CpuInfo> {
+pub(crate) fn cpu_info(cpus: &[usize]) -> Vec<CpuInfo> {
     cpus.iter()
         .map(|&cpu| CpuInfo {
             cpu,
@@ -160,7 +160,7 @@ pub fn cpu_info(cpus: &[usize]) -> Vec<CpuInfo> {
 }
 
 /// Online CPUs of the machine (`/sys/devices/system/cpu/online`, e.g. `0-3,6`).
-pub fn online_cpus() -> usize {
+pub(crate) fn online_cpus() -> usize {
     match std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|t| parse_cpu_list(&t)) {
         Some(cpus) => cpus.len(),
         None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
@@ -169,7 +169,7 @@ pub fn online_cpus() -> usize {
 
 /// `cpus` when known (non-zero), else the machine's online CPUs: what a count of
 /// 0 ("unknown", as in `Topology::local_cpus`) stands for.
-pub fn cpus_or_online(cpus: usize) -> usize {
+pub(crate) fn cpus_or_online(cpus: usize) -> usize {
     if cpus == 0 {
         online_cpus()
     } else {
@@ -183,7 +183,7 @@ const MAX_CPU: usize = 1 << 16;
 
 /// Parse a CPU list in the kernel's format (`0-3,6`) into ascending, distinct CPU
 /// numbers; `None` when it is malformed or names a CPU above 65535.
-pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
+pub(crate) fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
     let mut cpus = std::collections::BTreeSet::new();
     for part in text.trim().split(',') {
         let (a, b) = match part.split_once('-') {
@@ -202,7 +202,7 @@ pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
 }
 
 /// `cpus` (ascending) as a short list in the kernel's format (`0`, `0-3`, `0,2`).
-pub fn format_cpu_list(cpus: &[usize]) -> String {
+pub(crate) fn format_cpu_list(cpus: &[usize]) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut i = 0;
     while i < cpus.len() {
@@ -217,7 +217,7 @@ pub fn format_cpu_list(cpus: &[usize]) -> String {
 }
 
 /// Decide and, if binding, set the calling thread's affinity. Returns what was done.
-pub fn apply(policy: BindPolicy, launched: bool, rank: usize, local_rank: usize, local_size: usize) -> Decision {
+pub(crate) fn apply(policy: BindPolicy, launched: bool, rank: usize, local_rank: usize, local_size: usize) -> Decision {
     let allowed = match allowed_cpus() {
         Ok(a) => a,
         Err(e) => return Decision::Leave(format!("reading the affinity failed: {e}")),

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::types::Element;
 
 /// Longest segment name carried in a frame.
-pub const MAX_NAME: usize = 64;
+pub(crate) const MAX_NAME: usize = 64;
 
 /// Live registered segments of this process: (start address, end address, name).
 /// Process-wide because any communicator may be handed any buffer.
@@ -26,7 +26,7 @@ fn registry() -> &'static Mutex<Vec<(usize, usize, String)>> {
 }
 
 /// The segment holding `[addr, addr + len)`, as (name, offset), if registered.
-pub fn lookup(addr: usize, len: usize) -> Option<(String, usize)> {
+pub(crate) fn lookup(addr: usize, len: usize) -> Option<(String, usize)> {
     let reg = registry().lock().unwrap_or_else(|e| e.into_inner());
     reg.iter().find(|(s, e, _)| addr >= *s && addr + len <= *e).map(|(s, _, n)| (n.clone(), addr - s))
 }
@@ -46,6 +46,13 @@ unsafe impl<T: Element> Send for SharedBuffer<T> {}
 unsafe impl<T: Element> Sync for SharedBuffer<T> {}
 
 impl<T: Element> SharedBuffer<T> {
+    /// The name of the shared-memory segment (a file under `/dev/shm`, removed
+    /// when the buffer is dropped): what peers on this host map, for logs and tools.
+    pub fn name(&self) -> &str {
+        let path = self.path.to_str().expect("segment names are ASCII");
+        path.strip_prefix("/dev/shm/").unwrap_or(path)
+    }
+
     /// A zeroed buffer of `len` elements.
     pub fn new(len: usize) -> Result<SharedBuffer<T>> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -131,7 +138,7 @@ impl<T: Element> Drop for SharedBuffer<T> {
 }
 
 /// A read-only mapping of a peer's registered segment.
-pub struct PeerSegment {
+pub(crate) struct PeerSegment {
     base: *const u8,
     bytes: usize,
     /// Device and inode of the file mapped, to tell it from a later file of the same name.
@@ -188,7 +195,7 @@ fn still_linked(name: &str, seg: &PeerSegment) -> bool {
 }
 
 /// Most peer segments one link keeps mapped; past it the least recently used goes.
-pub const MAX_CACHED_SEGMENTS: usize = 32;
+pub(crate) const MAX_CACHED_SEGMENTS: usize = 32;
 
 /// The registered segments of one peer mapped so far, by name. A mapping is
 /// dropped once its owner has freed the buffer (checked whenever a new segment is
@@ -196,7 +203,7 @@ pub const MAX_CACHED_SEGMENTS: usize = 32;
 /// mapping), and beyond [`MAX_CACHED_SEGMENTS`] the least recently used one goes.
 /// A hit costs a hash lookup: no system call per transfer.
 #[derive(Default)]
-pub struct SegmentCache {
+pub(crate) struct SegmentCache {
     /// name -> (mapping, tick of its last use)
     segments: std::collections::HashMap<String, (PeerSegment, u64)>,
     tick: u64,
@@ -221,13 +228,9 @@ impl SegmentCache {
     }
 
     /// How many segments are mapped.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.segments.len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.segments.is_empty()
     }
 }
 
@@ -248,7 +251,7 @@ mod tests {
         b[10] = 3.5;
         let addr = b.as_ptr() as usize;
         let (name, off) = lookup(addr + 40, 8).unwrap();
-        assert_eq!(off, 40);
+        assert_eq!((name.as_str(), off), (b.name(), 40));
         assert!(lookup(addr + 3996, 8).is_none(), "range past the end is not registered");
         let peer = PeerSegment::open(&name).unwrap();
         assert_eq!(peer.slice(40, 4).unwrap(), &3.5f32.to_le_bytes());

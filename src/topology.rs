@@ -101,6 +101,7 @@ impl Topology {
     }
 
     /// The ranks on the host of `rank`, ascending.
+    #[cfg(test)]
     pub fn host_ranks(&self, rank: usize) -> &[usize] {
         &self.hosts[self.host_of[rank]]
     }

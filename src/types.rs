@@ -281,14 +281,14 @@ pub struct CallSig {
     /// Reduce op for reducing ops, otherwise `Sum`.
     pub reduce_op: ReduceOp,
     /// The algorithm the call runs ([`crate::algorithm::Algorithm::code`]), 0 while
-    /// not yet chosen, with [`REPRODUCIBLE`] set in reproducible mode. On the wire,
+    /// not yet chosen, with bit 0x80 set in reproducible mode ([`CallSig::reproducible`]). On the wire,
     /// so that ranks that chose differently fail with an error naming both instead
     /// of exchanging mismatched pieces.
     pub algo: u8,
 }
 
 /// Bit of [`CallSig::algo`] set when the call runs in reproducible mode.
-pub const REPRODUCIBLE: u8 = 0x80;
+pub(crate) const REPRODUCIBLE: u8 = 0x80;
 
 impl CallSig {
     /// A signature with the fields that do not apply to `op` normalised, so that

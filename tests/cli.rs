@@ -5,8 +5,8 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use braid::auth::JobKey;
 use braid::bootstrap::TcpStoreServer;
+use braid::JobKey;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 /// The job key of the ranks these tests start by hand, and of their store.

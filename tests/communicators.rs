@@ -8,10 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid::bootstrap::{MemStore, Store};
-use braid::frame::{FrameKind, Header};
-use braid::transport::loopback::LoopbackLink;
-use braid::transport::{Link, TransportKind};
-use braid::{CallSig, Communicator, Config, DType, Error, OpKind, ReduceOp};
+use braid::TransportKind;
+use braid::{Communicator, ReduceOp};
 use common::{comms, on_ranks, Net};
 
 const T: Duration = Duration::from_secs(30);
@@ -124,13 +122,6 @@ fn split_orders_by_key_and_leaves_out_undefined_colors_inproc() {
 #[test]
 fn split_orders_by_key_and_leaves_out_undefined_colors_tcp() {
     keys_and_undefined(Net::Tcp);
-}
-
-#[test]
-fn a_communicator_from_links_cannot_split() {
-    let cfg = Config::new(0, 1);
-    let c = Communicator::from_links(0, 1, vec![None], 1, &cfg, braid::executor::WaitPolicy::for_ranks(1));
-    assert!(matches!(c.split(Some(0), 0), Err(Error::Unsupported(_))));
 }
 
 /// Two communicators built on one store by every rank, used at the same time
@@ -266,19 +257,4 @@ fn a_job_rerun_against_a_fresh_tcp_store_hosted_by_rank_zero_works() {
         });
         assert_eq!(out, vec![vec![1 + 2 * run; 9]; 2], "run {run}");
     }
-}
-
-#[test]
-fn a_frame_of_another_communicator_is_an_error_naming_both_ids() {
-    let (mine, mut theirs) = LoopbackLink::pair(0, 1, 1 << 16);
-    let links: Vec<Option<Box<dyn Link>>> = vec![None, Some(Box::new(mine))];
-    let cfg = Config::new(0, 2);
-    let comm = Communicator::from_links(0, 2, links, 0x1111, &cfg, braid::executor::WaitPolicy::for_ranks(2));
-    let sig = CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum);
-    let frame = Header { kind: FrameKind::Data, comm_id: 0x2222, epoch: 3, seq: 0, sig, len: 0 }.encode();
-    assert_eq!(theirs.try_write(&[&frame]).unwrap(), frame.len());
-    let err = comm.barrier().unwrap_err();
-    let text = err.to_string();
-    assert!(matches!(err, Error::Protocol { peer: 1, .. }), "{text}");
-    assert!(text.contains("communicator 0x2222 epoch 3") && text.contains("communicator 0x1111 epoch 0"), "{text}");
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use braid::algorithm::{algorithms_for, Algorithm};
 use braid::bootstrap::MemStore;
 use braid::config::Tuning;
-use braid::transport::TransportKind;
+use braid::TransportKind;
 use braid::{Communicator, Config, OpKind, ReduceOp};
 use common::on_ranks;
 

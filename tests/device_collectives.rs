@@ -12,7 +12,7 @@ use std::time::Duration;
 use braid::algorithm::Algorithm;
 use braid::bootstrap::MemStore;
 use braid::device::{Device, DeviceBuffer, SimDevice};
-use braid::transport::TransportKind;
+use braid::TransportKind;
 use braid::{Communicator, Config, DType, ReduceOp};
 use common::{comms, on_ranks, Net};
 

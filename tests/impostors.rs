@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid::auth::JobKey;
 use braid::bootstrap::{Store, TcpStore, TcpStoreServer};
+use braid::JobKey;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 

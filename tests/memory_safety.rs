@@ -5,7 +5,7 @@
 use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use braid::registered::{self, SharedBuffer};
+use braid::registered::SharedBuffer;
 use braid::{Communicator, Config, Error, ReduceOp};
 
 /// 64 MiB of f32: above glibc's largest dynamic mmap threshold (32 MiB), so the
@@ -90,8 +90,7 @@ fn mappings_of_freed_registered_buffers_do_not_pile_up() {
             std::thread::spawn(move || {
                 for step in 0..STEPS {
                     let mut buf = SharedBuffer::<f32>::new(LEN).unwrap();
-                    let (name, _) = registered::lookup(buf.as_ptr() as usize, 4).unwrap();
-                    names.lock().unwrap().push(name);
+                    names.lock().unwrap().push(buf.name().to_owned());
                     buf.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 7 + c.rank() + step) as f32);
                     c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
                     for (i, x) in buf.iter().enumerate() {

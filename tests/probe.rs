@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid::bootstrap::{MemStore, Store};
-use braid::transport::TransportKind;
 use braid::tuner::{CostModel, LinkClass, ProbeSource, Tuner};
 use braid::Communicator;
+use braid::TransportKind;
 
 /// Build a 2-rank shared-memory communicator (ranks are threads) and return each
 /// rank's tuner.

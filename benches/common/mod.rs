@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use braid::algorithm::Algorithm;
 use braid::bootstrap::{MemStore, Store};
-use braid::transport::TransportKind;
+use braid::TransportKind;
 use braid::{Communicator, ReduceOp};
 
 /// Input of `rank` at `i`: small integers, so every sum is exact in f32.

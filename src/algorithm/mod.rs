@@ -21,7 +21,7 @@ mod halving_doubling;
 mod hierarchical;
 mod ordered;
 mod pairwise;
-pub mod ring;
+mod ring;
 #[cfg(test)]
 mod tests;
 mod tree;
@@ -253,8 +253,8 @@ pub struct PlanRequest<'a> {
     pub root: usize,
     /// Algorithm; None picks a default by op and size.
     pub algorithm: Option<Algorithm>,
-    /// Host index of every rank (`hosts[r]`, hosts numbered by their lowest rank as
-    /// [`crate::topology::Topology::host_of`] does), or empty when all ranks share
+    /// Host index of every rank (`hosts[r]`, hosts numbered in the order of their
+    /// lowest rank, as topology discovery numbers them), or empty when all ranks share
     /// one host. Planners that ignore it are still correct; rings and hierarchical
     /// planners use it to keep traffic inside hosts.
     pub hosts: &'a [usize],

@@ -2,14 +2,14 @@
 //! carries each link's endpoint as opaque bytes; [`crate::config::Config`] reads who
 //! we are from the environment.
 
-pub mod file_store;
-pub mod mem_store;
-pub mod prefix_store;
-pub mod store;
-pub mod tcp_store;
+mod file_store;
+mod mem_store;
+mod prefix_store;
+mod store;
+mod tcp_store;
 
 pub use file_store::FileStore;
 pub use mem_store::MemStore;
 pub use prefix_store::PrefixStore;
 pub use store::{connect_store, Store};
-pub use tcp_store::{TcpStore, TcpStoreServer};
+pub use tcp_store::{StoreLimits, TcpStore, TcpStoreServer};

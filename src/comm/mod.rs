@@ -25,6 +25,8 @@ mod calls;
 mod device_calls;
 mod engine;
 mod split;
+#[cfg(test)]
+pub(crate) mod tests;
 mod turn;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -181,7 +183,7 @@ impl Communicator {
     }
 
     /// A communicator over already-connected links (`links[p]` reaches rank `p`).
-    pub fn from_links(
+    pub(crate) fn from_links(
         rank: usize,
         world: usize,
         links: Vec<Option<Box<dyn Link>>>,
@@ -198,7 +200,7 @@ impl Communicator {
 
     /// A communicator over already-connected channels (`channels[p]` reaches rank
     /// `p`): stream channels over links, or channels of other kinds (verbs).
-    pub fn from_channels(
+    pub(crate) fn from_channels(
         rank: usize,
         world: usize,
         channels: Vec<Option<Box<dyn PeerChannel>>>,

@@ -93,8 +93,8 @@ impl Communicator {
     ///
     /// The new communicator has its own id and links and may be used at the same
     /// time as this one and as its siblings. Needs a communicator built from a
-    /// store or with [`Communicator::in_process`]; one made with
-    /// [`Communicator::from_links`] cannot be split.
+    /// store or with [`Communicator::in_process`]; one made over hand-connected
+    /// links (inside the crate, for tests) cannot be split.
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
         let (rank, world) = (self.rank(), self.world_size());
         if matches!(self.origin, Origin::Links) {

@@ -8,7 +8,7 @@
 //! device except [`Device::synchronize`]).
 //!
 //! Collectives on device buffers run the ordinary schedules: the executor wraps each
-//! peer's channel in a [`StagedChannel`](crate::executor::staged::StagedChannel),
+//! peer's channel in a staged channel (inside the executor),
 //! which stages device regions through host buffers of the device (pinned memory
 //! for CUDA) piece by piece, completes receive-reduces with a device reduction as
 //! each piece lands, and releases forwards piece by piece; local steps of the
@@ -21,8 +21,8 @@
 //! [`Device::peer_domain`]s; the communicator learns them when it is bound to a
 //! device) nothing is staged: the sender [exports](Device::export) its region, the
 //! receiver [opens](Device::open_export) it and copies or reduces straight from
-//! the peer's memory in one device operation per piece (see
-//! [`PeerCopyChannel`](crate::executor::peer_copy::PeerCopyChannel)).
+//! the peer's memory in one device operation per piece (the executor's peer-copy
+//! channel).
 //!
 //! Implementations: [`SimDevice`] (always), and the CUDA device (`cuda` feature).
 

@@ -40,7 +40,7 @@ pub mod staged;
 pub mod stream;
 use crate::types::{CallSig, DType, ReduceOp};
 pub use channel::{MemKind, MemRegion, PeerChannel, Readiness, Reduction};
-pub use stream::{StreamChannel, RENDEZVOUS_BYTES, SEGMENT_BYTES};
+pub use stream::{StreamChannel, SEGMENT_BYTES};
 
 /// Idle passes of a spinning rank between two reads of the clock.
 const PASSES_PER_CLOCK_READ: u32 = 16;

@@ -292,13 +292,13 @@ fn map1<T: Pod>(buf: &mut [u8], f: impl Fn(T) -> T) {
 }
 
 /// Copies at least this long bypass the cache ([`copy_streaming`]).
-pub const STREAM_MIN_BYTES: usize = 1 << 20;
+pub(crate) const STREAM_MIN_BYTES: usize = 1 << 20;
 
 /// Copy `src` into `dst` (same length). Long copies use non-temporal stores on
 /// x86-64: a destination far larger than the cache is then written without first
 /// being read into it, which saves a third of the memory traffic. Short copies,
 /// whose result is likely read again soon, stay ordinary.
-pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_streaming needs equal lengths");
     if dst.len() >= STREAM_MIN_BYTES {
         copy_nontemporal(dst, src);
@@ -309,7 +309,7 @@ pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
 
 /// Copy with non-temporal stores whatever the length (x86-64; a plain copy
 /// elsewhere): for pieces of a destination that as a whole is far larger than the cache.
-pub fn copy_nontemporal(dst: &mut [u8], src: &[u8]) {
+pub(crate) fn copy_nontemporal(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_nontemporal needs equal lengths");
     // SAFETY: two distinct live slices of equal length (one is `&mut`).
     unsafe { copy_nontemporal_raw(dst.as_mut_ptr(), src.as_ptr(), dst.len()) }
@@ -322,7 +322,7 @@ pub fn copy_nontemporal(dst: &mut [u8], src: &[u8]) {
 /// # Safety
 /// `src` is valid for `len` bytes of reads and `dst` for `len` bytes of writes,
 /// and the two ranges do not overlap.
-pub unsafe fn copy_nontemporal_raw(dst: *mut u8, src: *const u8, len: usize) {
+pub(crate) unsafe fn copy_nontemporal_raw(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: SSE2 is part of the x86-64 baseline; the ranges are the caller's.
     unsafe {

@@ -316,6 +316,7 @@ impl RingReader {
     }
 
     /// Data bytes the ring holds when full.
+    #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.view.cap
     }

@@ -221,6 +221,7 @@ pub struct ShmLink {
 
 impl ShmLink {
     /// The peer's process id.
+    #[cfg(test)]
     pub fn peer_pid(&self) -> i32 {
         self.peer_pid
     }

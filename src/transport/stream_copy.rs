@@ -14,34 +14,11 @@
 //! writers use the faster, retrying the other now and then since the machine changes.
 //! (results/stream-stores-2026-11-24.md)
 
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Whether ring writes use non-temporal stores (`BRAID_NT_STORES`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StreamPolicy {
-    /// Time both kinds of copy and use the faster (the default).
-    #[default]
-    Auto,
-    /// Always stream writes of at least [`STREAM_MIN_BYTES`].
-    On,
-    /// Never stream.
-    Off,
-}
-
-impl FromStr for StreamPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Ok(StreamPolicy::Auto),
-            "1" | "on" | "yes" | "true" => Ok(StreamPolicy::On),
-            "0" | "off" | "no" | "false" => Ok(StreamPolicy::Off),
-            other => Err(format!("`{other}` is not auto, on or off")),
-        }
-    }
-}
+pub use crate::config::StreamPolicy;
 
 /// Writes at least this long are candidates for streaming. Small ones too: with the
 /// vCPUs apart, 2-rank all-gather over shared memory ran at 2.0 GB/s busbw at 64 KiB
@@ -225,6 +202,7 @@ impl CallTuner {
     }
 
     /// The rates measured so far for calls of `bytes` (plain, streaming), bytes per second.
+    #[cfg(test)]
     pub fn rates(&self, bytes: usize) -> [f64; 2] {
         self.best(class_of(bytes))
     }

@@ -29,7 +29,6 @@ use super::{Link, TransportKind};
 use crate::auth::JobKey;
 use crate::bootstrap::Store;
 use crate::error::{Error, OpContext, Result};
-pub use handshake::PROTOCOL_VERSION;
 use handshake::*;
 
 /// Most buffers handed to one `sendmsg`; the kernel's IOV_MAX is 1024, and the
@@ -102,11 +101,6 @@ pub struct TcpLink {
 }
 
 impl TcpLink {
-    /// Wrap a connected socket (made non-blocking, `TCP_NODELAY` on) as the link to `peer`.
-    pub fn from_socket(sock: Socket, peer: usize) -> io::Result<TcpLink> {
-        TcpLink::with_buffer(sock, peer, None)
-    }
-
     fn with_buffer(sock: Socket, peer: usize, buffer: Option<usize>) -> io::Result<TcpLink> {
         configure_stream(&sock, buffer)?;
         let peer_addr = sock.peer_addr()?.as_socket().ok_or_else(|| io::Error::other("peer is not an IP socket"))?;
@@ -114,11 +108,13 @@ impl TcpLink {
     }
 
     /// The peer's socket address.
+    #[cfg(test)]
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer_addr
     }
 
     /// This end's socket address.
+    #[cfg(test)]
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.sock.local_addr()?.as_socket().ok_or_else(|| io::Error::other("not an IP socket"))
     }

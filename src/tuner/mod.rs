@@ -14,7 +14,7 @@
 //! built-in model, and `BRAID_DEBUG=braid=debug` prints what was measured.
 //! In-process communicators keep the built-in model.
 
-pub mod calibrate;
+pub(crate) mod calibrate;
 pub mod cost;
 mod policy;
 pub mod probe;
@@ -59,7 +59,7 @@ pub struct Candidate {
 }
 
 /// The schedules of every rank of `call` under `algorithm`.
-pub fn plan_all(call: &Call<'_>, algorithm: Algorithm, params: &PlanParams) -> Result<Vec<Schedule>, String> {
+pub(crate) fn plan_all(call: &Call<'_>, algorithm: Algorithm, params: &PlanParams) -> Result<Vec<Schedule>, String> {
     // One host needs no layout: the planners then take their single-host shapes.
     let hosts: &[usize] = if call.hosts.iter().all(|&h| h == 0) { &[] } else { call.hosts };
     let req = PlanRequest {

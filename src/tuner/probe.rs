@@ -40,7 +40,7 @@
 //! - `tuner/plan`: `cache` (nobody measures) or `probe` and one line per class to
 //!   measure (`local`, `remote`), or `error {why}`;
 //! - `tuner/measured/{role}`: a leader's measurement (see [`Measured`]), or `error {why}`;
-//! - `tuner/model`: the agreed model (the text of [`encode_model`]), or `error {why}`.
+//! - `tuner/model`: the agreed model (the text of `encode_model`), or `error {why}`.
 //!
 //! # The cache
 //!
@@ -94,7 +94,7 @@ impl fmt::Display for ProbeSource {
 
 /// The agreed outcome: the model every rank installs and where it came from.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Probed {
+pub(crate) struct Probed {
     /// The cost model.
     pub model: CostModel,
     /// Where its numbers came from.
@@ -102,7 +102,7 @@ pub struct Probed {
 }
 
 /// What the probe needs of a communicator: point-to-point bytes and link classes.
-pub trait Exchange {
+pub(crate) trait Exchange {
     /// Send `buf` to `peer` (blocking until the communicator has taken it).
     fn send(&self, buf: &[u8], peer: usize) -> Result<()>;
     /// Receive exactly `buf.len()` bytes from `peer`.
@@ -112,7 +112,7 @@ pub trait Exchange {
 }
 
 /// One rank's view of the set-up.
-pub struct ProbeSetup<'a> {
+pub(crate) struct ProbeSetup<'a> {
     /// This rank.
     pub rank: usize,
     /// Host index of every rank (its length is the world size).
@@ -143,7 +143,7 @@ impl Role {
 
 /// The pairs of ranks that measure each class (leader first).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Pairs {
+pub(crate) struct Pairs {
     /// Two ranks of one host: rank 0 and its first host peer, else the two lowest
     /// ranks of the first host with two.
     pub local: Option<(usize, usize)>,
@@ -237,7 +237,7 @@ impl std::str::FromStr for Measured {
 }
 
 /// `value` kept within `[0.1x, 10x]` of `default`; the default for nonsense.
-pub fn sane(value: f64, default: f64) -> f64 {
+pub(crate) fn sane(value: f64, default: f64) -> f64 {
     if !value.is_finite() || value <= 0.0 {
         return default;
     }
@@ -245,7 +245,7 @@ pub fn sane(value: f64, default: f64) -> f64 {
 }
 
 /// A measured `far` kept within `[1, 8]`; `default` for nonsense.
-pub fn sane_far(value: f64, default: f64) -> f64 {
+pub(crate) fn sane_far(value: f64, default: f64) -> f64 {
     if value.is_finite() && value > 0.0 {
         value.clamp(1.0, 8.0)
     } else {
@@ -254,7 +254,7 @@ pub fn sane_far(value: f64, default: f64) -> f64 {
 }
 
 /// The costs of `class` with what was measured (sanitised against the defaults).
-pub fn measured_cost(class: LinkClass, m: &Measured) -> LinkCost {
+pub(crate) fn measured_cost(class: LinkClass, m: &Measured) -> LinkCost {
     let d = CostModel::default().cost(class);
     LinkCost {
         alpha: sane(m.alpha, d.alpha),
@@ -297,7 +297,7 @@ pub fn host_fingerprint() -> String {
 
 /// The fingerprint from the texts of `/proc/cpuinfo`, `/proc/meminfo` and the
 /// kernel release.
-pub fn fingerprint_from(cpuinfo: &str, meminfo: &str, kernel: &str) -> String {
+pub(crate) fn fingerprint_from(cpuinfo: &str, meminfo: &str, kernel: &str) -> String {
     let field = |line: &str, name: &str| {
         let (k, v) = line.split_once(':')?;
         (k.trim() == name).then(|| v.trim().to_string())
@@ -331,12 +331,12 @@ pub fn local_key(class: LinkClass, fp: &str, ranks_on_host: usize, hosts: usize)
 }
 
 /// Number of hosts of a layout numbered by lowest rank.
-pub fn num_hosts(hosts: &[usize]) -> usize {
+pub(crate) fn num_hosts(hosts: &[usize]) -> usize {
     hosts.iter().max().map_or(1, |m| m + 1)
 }
 
 /// The cache key of the remote class between the hosts with fingerprints `a` and `b`.
-pub fn remote_key(class: LinkClass, a: &str, b: &str) -> String {
+pub(crate) fn remote_key(class: LinkClass, a: &str, b: &str) -> String {
     let (a, b) = if a <= b { (a, b) } else { (b, a) };
     format!("remote {class} hosts={a} | {b}")
 }
@@ -364,7 +364,7 @@ fn fnv64(text: &str) -> u64 {
 }
 
 /// The file holding the entry of `key` for `class` in `dir`.
-pub fn cache_path(dir: &Path, class: LinkClass, key: &str) -> PathBuf {
+pub(crate) fn cache_path(dir: &Path, class: LinkClass, key: &str) -> PathBuf {
     dir.join(format!("tuner-{class}-{:016x}.txt", fnv64(key)))
 }
 
@@ -379,12 +379,12 @@ fn read_bounded(path: &Path, max: u64) -> std::io::Result<String> {
 }
 
 /// The cache file's text for `key`.
-pub fn encode_cache(key: &str, m: &Measured) -> String {
+pub(crate) fn encode_cache(key: &str, m: &Measured) -> String {
     format!("{CACHE_HEADER}\nkey {key}\n{m}\n")
 }
 
 /// The entry in `text` if it is one for `key`.
-pub fn decode_cache(text: &str, key: &str) -> std::result::Result<Measured, String> {
+pub(crate) fn decode_cache(text: &str, key: &str) -> std::result::Result<Measured, String> {
     let mut lines = text.lines();
     if lines.next() != Some(CACHE_HEADER) {
         return Err("not a braid tuner cache file (header)".into());
@@ -429,7 +429,7 @@ pub fn read_cache(dir: &Path, class: LinkClass, key: &str) -> Option<Measured> {
 }
 
 /// Write the entry of `key` atomically (a temporary file renamed into place).
-pub fn write_cache(dir: &Path, class: LinkClass, key: &str, m: &Measured) -> std::io::Result<PathBuf> {
+pub(crate) fn write_cache(dir: &Path, class: LinkClass, key: &str, m: &Measured) -> std::io::Result<PathBuf> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SERIAL: AtomicU64 = AtomicU64::new(0);
     std::fs::create_dir_all(dir)?;
@@ -448,7 +448,7 @@ const MODEL_HEADER: &str = "braid tuner model 1";
 
 /// The text of a model and its source, as published under `tuner/model`
 /// (floats in Rust's shortest round-trip form, so every rank parses the same bits).
-pub fn encode_model(p: &Probed) -> String {
+pub(crate) fn encode_model(p: &Probed) -> String {
     let mut s = format!("{MODEL_HEADER}\nsource {}\n", p.source);
     for class in LinkClass::ALL {
         let c = p.model.cost(class);
@@ -465,7 +465,7 @@ pub fn encode_model(p: &Probed) -> String {
 }
 
 /// The model of [`encode_model`]'s text.
-pub fn decode_model(text: &str) -> std::result::Result<Probed, String> {
+pub(crate) fn decode_model(text: &str) -> std::result::Result<Probed, String> {
     let mut lines = text.lines();
     if lines.next() != Some(MODEL_HEADER) {
         return Err("no model header".into());
@@ -581,7 +581,7 @@ fn reduce_per_byte(bytes: usize, reps: usize) -> f64 {
 }
 
 /// `gamma`: seconds per byte of an f32 sum of two in-cache buffers.
-pub fn measure_gamma() -> f64 {
+pub(crate) fn measure_gamma() -> f64 {
     reduce_per_byte(MID, 11)
 }
 
@@ -589,7 +589,7 @@ pub fn measure_gamma() -> f64 {
 /// half that) than in cache. Memory bandwidth is what slows copies and reductions
 /// alike past the cache, and a local sum measures it steadily (a 32 MiB ping-pong
 /// over shared memory took 120-220 ms with round trips of 2 to 20 ms).
-pub fn measure_far(touched: usize, gamma: f64) -> f64 {
+pub(crate) fn measure_far(touched: usize, gamma: f64) -> f64 {
     reduce_per_byte(touched / 2, 3) / gamma
 }
 
@@ -669,7 +669,7 @@ fn utf8(rank: usize, key: &str, raw: Vec<u8>) -> Result<String> {
 
 /// Run the probe on one rank and return the model every rank agrees on. Every
 /// rank of the communicator calls this once, at the same point of its set-up.
-pub fn agree(s: &ProbeSetup<'_>, ex: &dyn Exchange) -> Result<Probed> {
+pub(crate) fn agree(s: &ProbeSetup<'_>, ex: &dyn Exchange) -> Result<Probed> {
     let pairs = Pairs::of(s.hosts);
     if pairs.local.is_none() && pairs.remote.is_none() {
         return Ok(Probed { model: CostModel::default(), source: ProbeSource::Builtin });

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid::bootstrap::MemStore;
-use braid::transport::TransportKind;
+use braid::TransportKind;
 use braid::{Communicator, Config};
 
 /// Which links the rank threads use.

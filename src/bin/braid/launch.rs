@@ -11,8 +11,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use braid::auth::JobKey;
 use braid::bootstrap::TcpStoreServer;
+use braid::JobKey;
 use clap::Args;
 
 /// Arguments of `braid run`.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use braid::config::parse_size;
 use braid::device::Device;
-use braid::transport::TransportKind;
+use braid::TransportKind;
 use braid::{CallSig, Communicator, Config, DType, OpKind, ReduceOp};
 use clap::Args;
 use half::{bf16, f16};

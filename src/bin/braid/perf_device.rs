@@ -29,14 +29,14 @@ pub fn open(choice: DeviceChoice, rank: usize) -> braid::Result<Option<Arc<dyn D
 
 #[cfg(feature = "cuda")]
 fn open_cuda(rank: usize) -> braid::Result<Arc<dyn Device>> {
-    let count = braid::transport::devices::cuda_devices().map_err(braid::Error::Unsupported)?;
+    let count = braid::device::cuda::device_count().map_err(braid::Error::Unsupported)?;
     let dev: Arc<dyn Device> = braid::device::cuda::CudaDevice::new(rank % count)?;
     Ok(dev)
 }
 
 #[cfg(not(feature = "cuda"))]
 fn open_cuda(_rank: usize) -> braid::Result<Arc<dyn Device>> {
-    let why = braid::transport::TransportKind::Cuda.available().err();
+    let why = braid::TransportKind::Cuda.available().err();
     Err(braid::Error::Unsupported(why.unwrap_or_else(|| "the cuda transport is not in this build".into())))
 }
 

@@ -41,6 +41,7 @@ pub fn finalize_kernel_name(dtype: DType) -> String {
 }
 
 /// Every kernel name in [`source`].
+#[cfg(test)]
 pub fn kernel_names() -> Vec<String> {
     let mut names = Vec::new();
     for dtype in DType::ALL {

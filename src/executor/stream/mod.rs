@@ -126,6 +126,7 @@ unsafe impl Send for StreamChannel {}
 
 impl StreamChannel {
     /// Wrap a connected link, with the default [`Tuning`].
+    #[cfg(test)]
     pub fn new(link: Box<dyn Link>) -> StreamChannel {
         StreamChannel::with_tuning(link, Tuning::default())
     }

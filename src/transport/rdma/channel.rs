@@ -51,10 +51,6 @@ impl Pinned {
     pub fn len(&self) -> usize {
         self.mem.len() * 64
     }
-    /// Whether it has no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.mem.is_empty()
-    }
 }
 
 /// Registers send buffers through the adapter, for the cache.

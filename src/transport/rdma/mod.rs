@@ -6,7 +6,7 @@
 //! - [`endpoint`]: the endpoint record exchanged through the store, and its parser;
 //! - [`regcache`]: the registration cache, over any registrar;
 //! - [`nic`]: what the channel needs of an adapter (post, poll, register), as a trait;
-//! - [`channel`]: [`RdmaChannel`], the [`PeerChannel`](crate::executor::PeerChannel)
+//! - [`channel`]: [`RdmaChannel`](channel::RdmaChannel), the [`PeerChannel`](crate::executor::PeerChannel)
 //!   that drives the protocol on an adapter (tested here on a software one);
 //! - `verbs` (feature `rdma`): the thin layer over `rdma-sys` — device, protection
 //!   domain, completion queues, queue pairs, memory registration, posting and
@@ -19,7 +19,6 @@ pub mod protocol;
 pub mod regcache;
 #[cfg(feature = "rdma")]
 pub mod verbs;
-pub use channel::RdmaChannel;
 
 #[cfg(test)]
 mod sim_tests;

@@ -57,16 +57,19 @@ impl<M> RegCache<M> {
     }
 
     /// Registrations held.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Whether none is held.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Bytes registered.
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes
     }

@@ -15,6 +15,7 @@ use super::channel::{Pinned, RdmaChannel, Setup, STAGE_STRIDE};
 use super::nic::{Completion, Nic, Sge};
 use super::protocol::{Protocol, RingSpec};
 use crate::algorithm::Algorithm;
+use crate::comm::tests::on_ranks;
 use crate::comm::Communicator;
 use crate::config::Config;
 use crate::executor::{PeerChannel, WaitPolicy};
@@ -211,28 +212,13 @@ fn mesh(world: usize, spec: RingSpec) -> Vec<Communicator> {
         .collect()
 }
 
-fn on_threads<R: Send + 'static>(
-    comms: Vec<Communicator>,
-    f: impl Fn(&Communicator) -> R + Send + Sync + 'static,
-) -> Vec<R> {
-    let f = Arc::new(f);
-    let handles: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let f = f.clone();
-            std::thread::spawn(move || f(&c))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
-}
-
 #[test]
 fn collectives_run_over_rdma_channels_under_the_executor() {
     let small = RingSpec { slots: 4, payload_bytes: 4096, forward_grain: 1024, credit_batch: 2 };
     for (world, spec) in [(2, small), (3, small), (3, RingSpec::DEFAULT)] {
         let comms = mesh(world, spec);
         assert!(comms[0].transports().iter().flatten().all(|k| *k == crate::transport::TransportKind::Rdma));
-        let results = on_threads(comms, move |c| {
+        let results = on_ranks(comms, move |c| {
             let (r, w) = (c.rank() as i32, c.world_size() as i32);
             for (algo, n) in [(None, 1usize), (None, 1000), (None, 300_001), (Some(Algorithm::Ring), 300_001)] {
                 c.set_algorithm(algo);
@@ -262,7 +248,7 @@ fn collectives_run_over_rdma_channels_under_the_executor() {
 #[test]
 fn a_mismatched_call_is_an_error_on_both_ranks_over_rdma() {
     let comms = mesh(2, RingSpec::DEFAULT);
-    let errors = on_threads(comms, |c| {
+    let errors = on_ranks(comms, |c| {
         let mut buf = vec![1i32; 10 + c.rank()];
         c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap_err().to_string()
     });

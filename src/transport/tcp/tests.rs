@@ -7,6 +7,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::os::fd::BorrowedFd;
 
+use super::handshake::PROTOCOL_VERSION;
 use crate::auth::{Challenge, CHALLENGE_LEN};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
