@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    for input in ["src", "cbindgen.toml", "braid.pc.in", "build.rs"] {
+    // The header too: a hand edit is overwritten at the next build (and CI's
+    // `git diff --exit-code include/braid.h` then fails).
+    for input in ["src", "cbindgen.toml", "braid.pc.in", "build.rs", "../include/braid.h"] {
         println!("cargo:rerun-if-changed={}", dir.join(input).display());
     }
     let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("ffi/cbindgen.toml is valid");
