@@ -235,3 +235,53 @@ pub extern "C" fn braid_last_error() -> *const c_char {
     // `try_with`: no panic while the thread's storage is being torn down.
     catch_unwind(|| LAST_ERROR.try_with(|e| e.borrow().as_ptr()).ok()).ok().flatten().unwrap_or(NONE.as_ptr().cast())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn last_error() -> String {
+        // SAFETY: braid_last_error returns a NUL-terminated string valid until the next call.
+        unsafe { CStr::from_ptr(braid_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn the_c_enums_are_braids_codes() {
+        use braid_dtype::*;
+        use braid_reduce_op::*;
+        let dtypes = [BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16, BRAID_I8, BRAID_U8, BRAID_I32, BRAID_I64];
+        for (c, d) in dtypes.into_iter().zip(DType::ALL) {
+            assert_eq!(dtype_of(c as DTypeArg).ok(), Some(d));
+        }
+        let ops = [BRAID_SUM, BRAID_PROD, BRAID_MIN, BRAID_MAX, BRAID_AVG];
+        for (c, o) in ops.into_iter().zip(ReduceOp::ALL) {
+            assert_eq!(op_of(c as OpArg).ok(), Some(o));
+        }
+        for bad in [-1, 8, 255, 256, c_int::MAX, c_int::MIN] {
+            assert!(dtype_of(bad).is_err(), "dtype {bad}");
+        }
+        assert!(op_of(5).is_err() && op_of(-5).is_err());
+    }
+
+    #[test]
+    fn a_panic_is_an_internal_error_with_its_message_and_success_clears_it() {
+        let code = entry("braid_test_entry", || panic!("boom {}", 42));
+        assert_eq!(code, BRAID_ERR_INTERNAL);
+        let msg = last_error();
+        assert!(msg.starts_with("braid_test_entry: internal error") && msg.contains("boom 42"), "{msg}");
+        assert_eq!(entry("braid_test_entry", || Ok(BRAID_SUCCESS)), BRAID_SUCCESS);
+        assert_eq!(last_error(), "");
+    }
+
+    #[test]
+    fn errors_map_to_their_codes_and_messages_keep_interior_nuls_visible() {
+        let fail = Fail::from(Error::Unsupported("no\0rdma".into()));
+        assert_eq!(fail.code, BRAID_ERR_UNSUPPORTED);
+        assert_eq!(entry("braid_x", || Err(fail)), BRAID_ERR_UNSUPPORTED);
+        assert_eq!(last_error(), "braid_x: unsupported: no\\0rdma");
+        assert_eq!(code_of(&Error::Store("down".into())), BRAID_ERR_IO);
+        assert_eq!(code_of(&Error::Config("x".into())), BRAID_ERR_INVALID_ARGUMENT);
+        assert_eq!(code_of(&Error::Aborted { rank: 0, call: None }), BRAID_ERR_ABORTED);
+    }
+}

@@ -497,3 +497,107 @@ impl Communicator {
         Ok(self.spawn(move |core, t| p.run(core, t)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run `f` on every rank of an in-process communicator of `world` threads.
+    fn on_ranks<R: Send>(world: usize, f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
+        let comms = Communicator::in_process(world).expect("in-process communicators");
+        std::thread::scope(|s| {
+            let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+            handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        })
+    }
+
+    const W: usize = 3;
+    const N: usize = 5;
+
+    #[test]
+    fn gather_and_scatter_with_send_equal_to_recv_use_the_start_of_the_buffer() {
+        let results = on_ranks(W, |c| {
+            let r = c.rank() as i32;
+            // All-gather: this rank's block at the start of the buffer.
+            let mut g = vec![-1i32; W * N];
+            g[..N].iter_mut().enumerate().for_each(|(j, x)| *x = 10 * r + j as i32);
+            let p = g.as_mut_ptr() as *mut u8;
+            // SAFETY: `g` holds W x N elements and lives across the call.
+            unsafe { c.all_gather_raw(p, p, N, DType::I32) }.expect("all-gather");
+            // Reduce-scatter: the result lands at the start.
+            let mut s: Vec<i32> = (0..W * N).map(|j| r + j as i32).collect();
+            let p = s.as_mut_ptr() as *mut u8;
+            // SAFETY: as above.
+            unsafe { c.reduce_scatter_raw(p, p, N, DType::I32, ReduceOp::Sum) }.expect("reduce-scatter");
+            (g, s[..N].to_vec())
+        });
+        for (rank, (g, s)) in results.into_iter().enumerate() {
+            let want: Vec<i32> = (0..W * N).map(|j| 10 * (j / N) as i32 + (j % N) as i32).collect();
+            assert_eq!(g, want, "all-gather on rank {rank}");
+            let sum = (0..W as i32).sum::<i32>();
+            let want: Vec<i32> = (0..N).map(|k| sum + W as i32 * (rank * N + k) as i32).collect();
+            assert_eq!(s, want, "reduce-scatter on rank {rank}");
+        }
+    }
+
+    #[test]
+    fn unused_buffers_may_be_null_and_refused_arguments_issue_nothing() {
+        let results = on_ranks(W, |c| {
+            let r = c.rank();
+            let src = [r as f64 + 1.0; N];
+            let mut dst = [0.0f64; N];
+            let (s, d) = (src.as_ptr() as *const u8, dst.as_mut_ptr() as *mut u8);
+            let null = std::ptr::null_mut::<u8>();
+            let refused = [
+                // SAFETY (all below): the pointers are valid for N elements or null,
+                // and the calls are refused before touching them.
+                unsafe { c.all_reduce_raw(null, d, N, DType::F64, ReduceOp::Sum) },
+                unsafe { c.all_reduce_raw(s, s.wrapping_add(8) as *mut u8, N - 1, DType::F64, ReduceOp::Sum) },
+                unsafe { c.all_reduce_raw(s, d, usize::MAX / 4, DType::F64, ReduceOp::Sum) },
+                unsafe { c.reduce_raw(s, d, N, DType::F64, ReduceOp::Sum, W) },
+                unsafe { c.send_raw(s, N, DType::F64, r) },
+                unsafe { c.broadcast_async_raw(s, null, N, DType::F64, 0) }.map(|_| ()),
+            ];
+            let codes: Vec<bool> = refused.iter().map(|e| matches!(e, Err(Error::InvalidArgument(_)))).collect();
+            // Nothing was issued: the next calls match on every rank. Broadcast with
+            // NULL send off the root; reduce with NULL recv off the root.
+            let send = if r == 1 { s } else { std::ptr::null() };
+            // SAFETY: `src` and `dst` outlive the calls.
+            unsafe { c.broadcast_raw(send, d, N, DType::F64, 1) }.expect("broadcast");
+            let got_bcast = dst;
+            let recv = if r == 2 { d } else { null };
+            // SAFETY: as above.
+            unsafe { c.reduce_raw(s, recv, N, DType::F64, ReduceOp::Max, 2) }.expect("reduce");
+            (codes, got_bcast, dst)
+        });
+        for (rank, (codes, bcast, reduced)) in results.into_iter().enumerate() {
+            assert!(codes.iter().all(|&ok| ok), "rank {rank}: refusals {codes:?}");
+            assert_eq!(bcast, [2.0; N], "broadcast on rank {rank}");
+            let want = if rank == 2 { [W as f64; N] } else { [2.0; N] };
+            assert_eq!(reduced, want, "reduce on rank {rank}");
+        }
+    }
+
+    #[test]
+    fn async_raw_calls_borrow_until_their_work_completes() {
+        let results = on_ranks(W, |c| {
+            let mut bufs: Vec<Vec<i64>> = (0..4).map(|k| vec![(c.rank() * k) as i64; 1000]).collect();
+            let works: Vec<Work<()>> = bufs
+                .iter_mut()
+                .map(|b| {
+                    let p = b.as_mut_ptr() as *mut u8;
+                    // SAFETY: every buffer outlives its work, waited for below.
+                    unsafe { c.all_reduce_async_raw(p, p, b.len(), DType::I64, ReduceOp::Sum) }.expect("issued")
+                })
+                .collect();
+            for w in works.into_iter().rev() {
+                w.wait().expect("all-reduce");
+            }
+            bufs.iter().map(|b| b[999]).collect::<Vec<_>>()
+        });
+        let ranks = (0..W as i64).sum::<i64>();
+        for got in results {
+            assert_eq!(got, (0..4).map(|k| ranks * k).collect::<Vec<_>>());
+        }
+    }
+}
