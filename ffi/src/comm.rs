@@ -16,6 +16,13 @@ pub struct braid_comm {
     pub(crate) comm: Communicator,
 }
 
+// Handles are shared between C threads (calls from several, abort from any):
+// the communicator must be usable through `&` from any thread.
+const _: fn() = || {
+    fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<Communicator>();
+};
+
 /// Box a communicator into a handle for C.
 fn handle(comm: Communicator) -> *mut braid_comm {
     Box::into_raw(Box::new(braid_comm { comm }))
@@ -100,10 +107,10 @@ pub unsafe extern "C" fn braid_comm_split(
     out: *mut *mut braid_comm,
 ) -> braid_result {
     entry("braid_comm_split", || {
-        // SAFETY: the caller's promises.
-        let c = unsafe { live(comm)? };
-        // SAFETY: as above.
+        // SAFETY: the caller's promise on `out`.
         unsafe { put(out, "out", std::ptr::null_mut())? };
+        // SAFETY: the caller's promise on `comm`.
+        let c = unsafe { live(comm)? };
         let color = u32::try_from(color).ok();
         // Order-preserving map of every int onto u32.
         let key = (key as u32) ^ 0x8000_0000;
