@@ -548,16 +548,18 @@ mod tests {
             let mut dst = [0.0f64; N];
             let (s, d) = (src.as_ptr() as *const u8, dst.as_mut_ptr() as *mut u8);
             let null = std::ptr::null_mut::<u8>();
-            let refused = [
-                // SAFETY (all below): the pointers are valid for N elements or null,
-                // and the calls are refused before touching them.
-                unsafe { c.all_reduce_raw(null, d, N, DType::F64, ReduceOp::Sum) },
-                unsafe { c.all_reduce_raw(s, s.wrapping_add(8) as *mut u8, N - 1, DType::F64, ReduceOp::Sum) },
-                unsafe { c.all_reduce_raw(s, d, usize::MAX / 4, DType::F64, ReduceOp::Sum) },
-                unsafe { c.reduce_raw(s, d, N, DType::F64, ReduceOp::Sum, W) },
-                unsafe { c.send_raw(s, N, DType::F64, r) },
-                unsafe { c.broadcast_async_raw(s, null, N, DType::F64, 0) }.map(|_| ()),
-            ];
+            // SAFETY: the pointers are valid for N elements or null, and every call
+            // is refused before touching them.
+            let refused = unsafe {
+                [
+                    c.all_reduce_raw(null, d, N, DType::F64, ReduceOp::Sum),
+                    c.all_reduce_raw(s, s.wrapping_add(8) as *mut u8, N - 1, DType::F64, ReduceOp::Sum),
+                    c.all_reduce_raw(s, d, usize::MAX / 4, DType::F64, ReduceOp::Sum),
+                    c.reduce_raw(s, d, N, DType::F64, ReduceOp::Sum, W),
+                    c.send_raw(s, N, DType::F64, r),
+                    c.broadcast_async_raw(s, null, N, DType::F64, 0).map(|_| ()),
+                ]
+            };
             let codes: Vec<bool> = refused.iter().map(|e| matches!(e, Err(Error::InvalidArgument(_)))).collect();
             // Nothing was issued: the next calls match on every rank. Broadcast with
             // NULL send off the root; reduce with NULL recv off the root.
