@@ -20,6 +20,7 @@
 //! `binding.rs` binding a communicator to a device (single-copy peers).
 
 mod binding;
+mod borrowed;
 mod builder;
 mod calls;
 mod device_calls;
@@ -423,22 +424,6 @@ impl Communicator {
             }
         }
         Work { rx, done: None }
-    }
-
-    fn typed_async<T: Element>(&self, op: OpKind, rop: ReduceOp, root: usize, mut buf: Vec<T>) -> Work<Vec<T>> {
-        self.spawn(move |core, t| {
-            let count = match op {
-                OpKind::AllGather | OpKind::ReduceScatter => match core.block(buf.len()) {
-                    Ok(c) => c,
-                    // The ticket is taken: it must pass through its turn, or every
-                    // later call would wait for it.
-                    Err(e) => return core.shared.in_turn(t, None, |_| Err(e)),
-                },
-                _ => buf.len(),
-            };
-            let sig = CallSig::new(op, T::DTYPE, count as u64, root as u32, rop);
-            core.collective_at(t, sig, None, bytemuck::cast_slice_mut(&mut buf)).map(|()| buf)
-        })
     }
 
     /// Asynchronous in-place all-reduce of an owned buffer.

@@ -1,0 +1,203 @@
+//! Communicators: create, split, query, abort, destroy.
+
+use std::ffi::{c_char, c_int, CStr};
+
+use braid::{Communicator, CommunicatorBuilder, Config};
+
+use crate::braid_result::{self, *};
+use crate::{comm_ref, entry, put, Fail, Res};
+
+/// A communicator: a group of ranks that run collectives together (opaque).
+///
+/// Every rank must issue the same collectives in the same order. One handle may be
+/// used from several threads (calls on it run in the order they were issued);
+/// `braid_comm_abort` may be called from any thread at any time.
+pub struct braid_comm {
+    pub(crate) comm: Communicator,
+}
+
+// Handles are shared between C threads (calls from several, abort from any):
+// the communicator must be usable through `&` from any thread.
+const _: fn() = || {
+    fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<Communicator>();
+};
+
+/// Box a communicator into a handle for C.
+fn handle(comm: Communicator) -> *mut braid_comm {
+    Box::into_raw(Box::new(braid_comm { comm }))
+}
+
+/// Connect this process using the environment, as started by `braid run -n N prog`
+/// (`BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_STORE`, ...), torchrun, mpirun or
+/// srun. Collective: every rank calls it. On success `*out` is a new communicator
+/// (free it with `braid_comm_destroy`); on failure `*out` is NULL.
+///
+/// # Safety
+/// `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_init_from_env(out: *mut *mut braid_comm) -> braid_result {
+    entry("braid_comm_init_from_env", || {
+        // SAFETY: the caller's promise on `out`.
+        unsafe { put(out, "out", std::ptr::null_mut())? };
+        let comm = Communicator::from_env()?;
+        // SAFETY: as above.
+        unsafe { put(out, "out", handle(comm))? };
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// Connect rank `rank` of `world_size` through the store at `store_url`
+/// (`tcp://HOST:PORT`, `file:///PATH`). The other settings (`BRAID_TIMEOUT`,
+/// `BRAID_JOB_KEY`, `BRAID_TRANSPORTS`, ...) still come from the environment.
+/// Collective: every rank calls it with the same store and world size. On success
+/// `*out` is a new communicator; on failure `*out` is NULL.
+///
+/// # Safety
+/// `store_url` is NULL or a NUL-terminated string; `out` is NULL or valid for
+/// writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_init(
+    rank: c_int,
+    world_size: c_int,
+    store_url: *const c_char,
+    out: *mut *mut braid_comm,
+) -> braid_result {
+    entry("braid_comm_init", || {
+        // SAFETY: the caller's promise on `out`.
+        unsafe { put(out, "out", std::ptr::null_mut())? };
+        if world_size < 1 || rank < 0 || rank >= world_size {
+            return Err(Fail::invalid(format!("rank {rank} of world size {world_size}: need 0 <= rank < world_size")));
+        }
+        if store_url.is_null() {
+            return Err(Fail::invalid("store_url is NULL"));
+        }
+        // SAFETY: not null, and NUL-terminated (the caller's promise).
+        let url = unsafe { CStr::from_ptr(store_url) }
+            .to_str()
+            .map_err(|_| Fail::invalid("store_url is not UTF-8"))?
+            .to_string();
+        let (rank, world) = (rank.to_string(), world_size.to_string());
+        let cfg = Config::from_lookup(|k| match k {
+            "BRAID_RANK" => Some(rank.clone()),
+            "BRAID_WORLD_SIZE" => Some(world.clone()),
+            "BRAID_STORE" => Some(url.clone()),
+            other => std::env::var(other).ok(),
+        })?;
+        let comm = CommunicatorBuilder::from_config(cfg).build()?;
+        // SAFETY: as above.
+        unsafe { put(out, "out", handle(comm))? };
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// Split `comm` (collective: every rank of `comm` calls it, in the same order
+/// relative to its other calls). Ranks passing the same `color >= 0` form a new
+/// communicator, ranked by `key` (any int, ties broken by rank in `comm`); with
+/// `color < 0` this rank joins none and `*out` is NULL. The new communicator is
+/// independent of `comm` and of its siblings: all may run calls at the same time.
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_split(
+    comm: *mut braid_comm,
+    color: c_int,
+    key: c_int,
+    out: *mut *mut braid_comm,
+) -> braid_result {
+    entry("braid_comm_split", || {
+        // SAFETY: the caller's promise on `out`.
+        unsafe { put(out, "out", std::ptr::null_mut())? };
+        // SAFETY: the caller's promise on `comm`.
+        let c = unsafe { live(comm)? };
+        let color = u32::try_from(color).ok();
+        // Order-preserving map of every int onto u32.
+        let key = (key as u32) ^ 0x8000_0000;
+        if let Some(child) = c.split(color, key)? {
+            // SAFETY: as above.
+            unsafe { put(out, "out", handle(child))? };
+        }
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// Destroy a communicator. Async work still outstanding on it finishes first (this
+/// call blocks until it has; its `braid_work` handles stay valid to wait on and
+/// free). The handle is invalid afterwards.
+///
+/// # Safety
+/// `comm` is NULL or a live handle that no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_destroy(comm: *mut braid_comm) -> braid_result {
+    entry("braid_comm_destroy", || {
+        if comm.is_null() {
+            return Err(Fail::invalid("the communicator is NULL"));
+        }
+        // SAFETY: a handle from `handle` (Box::into_raw), destroyed once (the caller's promise).
+        drop(unsafe { Box::from_raw(comm) });
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// Abort `comm`, from any thread, also while calls are in flight: they and every
+/// later call on it return `BRAID_ERR_ABORTED` (the one in flight within a fraction
+/// of a second), and the peers' calls fail with `BRAID_ERR_REMOTE` instead of
+/// waiting for a deadline. Never blocks; cannot be undone. Destroy the handle as usual.
+///
+/// # Safety
+/// `comm` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_abort(comm: *mut braid_comm) -> braid_result {
+    entry("braid_comm_abort", || {
+        // SAFETY: the caller's promise.
+        unsafe { comm_ref(comm)? }.abort();
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// This process's rank in `comm`, `0..size`, into `*rank`.
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `rank` is NULL or valid for writing an int.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_rank(comm: *const braid_comm, rank: *mut c_int) -> braid_result {
+    entry("braid_comm_rank", || {
+        // SAFETY: the caller's promises.
+        let r = unsafe { comm_ref(comm)? }.rank();
+        // SAFETY: as above.
+        unsafe { put(rank, "rank", c_int::try_from(r).unwrap_or(c_int::MAX))? };
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// The number of ranks of `comm`, into `*size`.
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `size` is NULL or valid for writing an int.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_size(comm: *const braid_comm, size: *mut c_int) -> braid_result {
+    entry("braid_comm_size", || {
+        // SAFETY: the caller's promises.
+        let n = unsafe { comm_ref(comm)? }.world_size();
+        // SAFETY: as above.
+        unsafe { put(size, "size", c_int::try_from(n).unwrap_or(c_int::MAX))? };
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// The communicator behind a handle, refusing one that was aborted.
+///
+/// # Safety
+/// As [`comm_ref`].
+pub(crate) unsafe fn live<'a>(comm: *const braid_comm) -> Res<&'a Communicator> {
+    // SAFETY: the caller's promise.
+    let c = unsafe { comm_ref(comm)? };
+    if c.is_aborted() {
+        return Err(Fail {
+            code: BRAID_ERR_ABORTED,
+            msg: format!("rank {}: the communicator was aborted (braid_comm_abort)", c.rank()),
+        });
+    }
+    Ok(c)
+}
