@@ -94,7 +94,9 @@ fn make(a: &Args, vars: Tensors) -> Result<Box<dyn Strategy>, String> {
 
 /// Whether a launcher already made this process a rank.
 fn launched() -> bool {
-    ["BRAID_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"].iter().any(|k| std::env::var_os(k).is_some())
+    ["BRAID_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "TF_CONFIG"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some())
 }
 
 /// Start `replicas` copies of this program as the ranks of a multi-worker job and

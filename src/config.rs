@@ -29,7 +29,9 @@
 //!
 //! When `BRAID_RANK` is absent, launchers are recognised: torchrun (`RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
-//! (`OMPI_COMM_WORLD_*`) and Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`).
+//! (`OMPI_COMM_WORLD_*`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`)
+//! and TensorFlow's `TF_CONFIG` (cluster spec and task; ranks in the order `ps`,
+//! `chief`, `worker`, rank 0's address hosting the store; feature `tf-config`).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -83,7 +85,7 @@ pub struct Config {
     pub bind: crate::placement::BindPolicy,
     /// Thresholds and grain sizes of the byte-stream channels.
     pub tuning: Tuning,
-    /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `code`).
+    /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `tf_config`, `code`).
     pub launcher: &'static str,
 }
 
@@ -149,9 +151,12 @@ impl Config {
             let world = num("SLURM_NTASKS")?
                 .ok_or_else(|| Error::Config("SLURM_PROCID is set but SLURM_NTASKS is not".into()))?;
             (rank, world, num("SLURM_LOCALID")?, get("BRAID_STORE"), "slurm")
+        } else if let Some(spec) = get("TF_CONFIG").filter(|s| !s.trim().is_empty()) {
+            let t = crate::bootstrap::tf_config::parse(&spec)?;
+            (t.rank, t.world, Some(t.local_rank), get("BRAID_STORE").or(Some(t.store)), "tf_config")
         } else {
             return Err(Error::Config(
-                "no rank in the environment: set BRAID_RANK and BRAID_WORLD_SIZE, or start under `braid run`, torchrun, mpirun or srun".into(),
+                "no rank in the environment: set BRAID_RANK and BRAID_WORLD_SIZE, or start under `braid run`, torchrun, mpirun, srun or with TF_CONFIG".into(),
             ));
         };
         if world == 0 || rank >= world {
@@ -432,6 +437,19 @@ mod tests {
         assert_eq!((m.rank, m.world_size, m.local_rank, m.launcher), (3, 8, Some(1), "mpi"));
         let s = cfg(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]).unwrap();
         assert_eq!(s.launcher, "slurm");
+        let tf = r#"{"cluster": {"worker": ["10.0.0.2:2222", "10.0.0.3:2222"], "chief": ["10.0.0.1:2222"]},
+                     "task": {"type": "worker", "index": 1}}"#;
+        let t = cfg(&[("TF_CONFIG", tf)]);
+        if cfg!(feature = "tf-config") {
+            let t = t.unwrap();
+            assert_eq!((t.rank, t.world_size, t.local_rank, t.launcher), (2, 3, Some(0), "tf_config"));
+            assert_eq!(t.store.as_deref(), Some("tcp://10.0.0.1:2222"));
+            // BRAID_STORE still wins.
+            let t = cfg(&[("TF_CONFIG", tf), ("BRAID_STORE", "file:///tmp/s")]).unwrap();
+            assert_eq!(t.store.as_deref(), Some("file:///tmp/s"));
+        } else {
+            assert!(t.unwrap_err().to_string().contains("tf-config"));
+        }
     }
 
     #[test]

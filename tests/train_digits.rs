@@ -131,7 +131,9 @@ fn accuracy_of(line: &str) -> f64 {
 fn example_run(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut c = Command::new(example());
     c.args(args);
-    for k in ["BRAID_RANK", "BRAID_WORLD_SIZE", "BRAID_STORE", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"] {
+    for k in
+        ["BRAID_RANK", "BRAID_WORLD_SIZE", "BRAID_STORE", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "TF_CONFIG"]
+    {
         c.env_remove(k);
     }
     c.envs(env.iter().copied());
@@ -217,4 +219,40 @@ fn the_example_trains_across_processes_and_resumes_from_its_checkpoint() {
     assert!(!text.contains("epoch 1 loss"), "{text}");
     assert_eq!(final_line(&resumed), reference);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn multi_worker_joins_a_job_described_by_tf_config() {
+    // Two workers started by hand, as a TensorFlow cluster manager would: each
+    // gets TF_CONFIG with the cluster and its own task; the chief's address hosts
+    // the store. They must end where one device does.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let args = ["--strategy", "multi-worker", "--epochs", "3", "--global-batch", "32", "--seed", "9"];
+    let reference = final_line(&example_run(
+        &["--strategy", "one-device", "--epochs", "3", "--global-batch", "32", "--seed", "9"],
+        &[],
+    ));
+    let key = format!("tf-config-test-{}", std::process::id());
+    let children: Vec<_> = [("chief", 0), ("worker", 0)]
+        .into_iter()
+        .map(|(kind, i)| {
+            let spec = format!(
+                r#"{{"cluster": {{"chief": ["127.0.0.1:{port}"], "worker": ["127.0.0.1:{}"]}}, "task": {{"type": "{kind}", "index": {i}}}}}"#,
+                port + 1
+            );
+            let mut c = Command::new(example());
+            c.args(args);
+            for k in ["BRAID_RANK", "BRAID_WORLD_SIZE", "BRAID_STORE", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"] {
+                c.env_remove(k);
+            }
+            c.env("TF_CONFIG", spec).env("BRAID_JOB_KEY", &key);
+            c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            c.spawn().expect("starting a TF_CONFIG worker")
+        })
+        .collect();
+    let outs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().expect("worker")).collect();
+    // Rank 0 (the chief) prints; the worker ends quietly.
+    assert_eq!(final_line(&outs[0]), reference);
+    assert!(outs[1].status.success(), "{}", String::from_utf8_lossy(&outs[1].stderr));
+    assert!(stdout(&outs[0]).contains("replicas=2"), "{}", stdout(&outs[0]));
 }

@@ -7,6 +7,7 @@ mod mem_store;
 mod prefix_store;
 mod store;
 mod tcp_store;
+pub(crate) mod tf_config;
 
 pub use file_store::FileStore;
 pub use mem_store::MemStore;
