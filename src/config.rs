@@ -23,6 +23,7 @@
 //! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 2M, 4M when the host's ranks outnumber their CPUs, less with many ranks: 16M per rank in all) |
 //! | `BRAID_FUSION_BYTES` | largest bucket of a [`crate::fusion::Fuser`] (default 64M; `0`: one collective per tensor) |
 //! | `BRAID_FUSION_CYCLE` | how long a fuser's request waits for others to share its bucket (default 1ms; `0`: none) |
+//! | `BRAID_FUSION_COMPRESSION` | `fp16`, `bf16`: a fuser sends f32 sums and averages as halves with error feedback (default `none`) |
 //! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each unless oversubscribed), `core`, `none` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |

@@ -22,7 +22,10 @@
 //! caller must not issue its own on the same communicator until every handle is
 //! waited on (or use a [`Communicator::split`] of it).
 
+mod compress;
 pub mod plan;
+
+pub use compress::Compression;
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -47,17 +50,21 @@ pub struct FusionConfig {
     /// How long a request may wait for more to share its bucket before the fuser
     /// negotiates (default 1 ms); 0: negotiate as soon as anything waits.
     pub cycle: Duration,
+    /// Whether f32 sums and averages travel as f16 or bf16, with error feedback
+    /// (default none). Every rank must choose the same.
+    pub compression: Compression,
 }
 
 impl Default for FusionConfig {
     fn default() -> Self {
-        FusionConfig { threshold_bytes: 64 << 20, cycle: Duration::from_millis(1) }
+        FusionConfig { threshold_bytes: 64 << 20, cycle: Duration::from_millis(1), compression: Compression::None }
     }
 }
 
 impl FusionConfig {
-    /// The defaults, overridden by `BRAID_FUSION_BYTES` (`64M`, `0`) and
-    /// `BRAID_FUSION_CYCLE` (`1ms`, `0`).
+    /// The defaults, overridden by `BRAID_FUSION_BYTES` (`64M`, `0`),
+    /// `BRAID_FUSION_CYCLE` (`1ms`, `0`) and `BRAID_FUSION_COMPRESSION` (`none`,
+    /// `fp16`, `bf16`).
     pub fn from_env() -> Result<FusionConfig> {
         FusionConfig::from_vars(|k| std::env::var(k).ok())
     }
@@ -75,6 +82,9 @@ impl FusionConfig {
             } else {
                 parse_duration(&v).map_err(|e| Error::Config(format!("BRAID_FUSION_CYCLE: {e}")))?
             };
+        }
+        if let Some(v) = get("BRAID_FUSION_COMPRESSION") {
+            cfg.compression = v.parse().map_err(|e| Error::Config(format!("BRAID_FUSION_COMPRESSION: {e}")))?;
         }
         Ok(cfg)
     }
@@ -181,7 +191,16 @@ impl Fuser {
         let thread = std::thread::Builder::new()
             .name(format!("braid-fusion-{}", comm.rank()))
             .spawn(move || {
-                Packer { comm: c, shared: s, cfg, pending: Vec::new(), consumed: 0, bucket: Vec::new() }.run()
+                Packer {
+                    comm: c,
+                    shared: s,
+                    cfg,
+                    pending: Vec::new(),
+                    consumed: 0,
+                    bucket: Vec::new(),
+                    residuals: Default::default(),
+                }
+                .run()
             })
             .ok();
         if thread.is_none() {
@@ -258,6 +277,8 @@ struct Packer {
     consumed: u64,
     /// The bucket being reduced, kept between buckets.
     bucket: Vec<u8>,
+    /// Compression's error feedback.
+    residuals: compress::Residuals,
 }
 
 impl Packer {
@@ -332,24 +353,49 @@ impl Packer {
                 batch.len()
             )));
         }
-        for range in plan::buckets(&entries, self.cfg.threshold_bytes) {
+        for (index, range) in plan::buckets(&entries, self.cfg.threshold_bytes).into_iter().enumerate() {
             let run: Vec<Request> = batch.drain(..range.len()).collect();
             let e = run[0].entry;
             let total: usize = run.iter().map(|q| q.entry.bytes).sum();
+            let wire = self.cfg.compression.wire(e.dtype, e.op);
             // One buffer reused across buckets: a fresh one per bucket paid a page
             // fault per 4 KiB every time.
             let buf = &mut self.bucket;
             buf.clear();
-            run.iter().for_each(|q| buf.extend_from_slice(q.tensor.bytes()));
-            let sig = CallSig::new(OpKind::AllReduce, e.dtype, (total / e.dtype.size()) as u64, 0, e.op);
+            let mut residual = Vec::new();
+            match wire {
+                Some(w) => {
+                    residual = self.residuals.take((fp, index), total / 4);
+                    let mut at = 0;
+                    for q in &run {
+                        let n = q.entry.bytes / 4;
+                        compress::compress(w, q.tensor.bytes(), &mut residual[at..at + n], buf);
+                        at += n;
+                    }
+                }
+                None => run.iter().for_each(|q| buf.extend_from_slice(q.tensor.bytes())),
+            }
+            let dtype = wire.unwrap_or(e.dtype);
+            let sig = CallSig::new(OpKind::AllReduce, dtype, (buf.len() / dtype.size()) as u64, 0, e.op);
             let outcome = self.comm.collective_bytes(sig, None, buf);
+            if wire.is_some() && outcome.is_ok() {
+                self.residuals.put((fp, index), residual);
+            }
             let mut off = 0;
             for mut req in run {
                 let reply = match &outcome {
                     Ok(()) => {
                         let n = req.entry.bytes;
-                        req.tensor.bytes_mut().copy_from_slice(&buf[off..off + n]);
-                        off += n;
+                        match wire {
+                            Some(w) => {
+                                compress::decompress(w, &buf[off..off + n / 2], req.tensor.bytes_mut());
+                                off += n / 2;
+                            }
+                            None => {
+                                req.tensor.bytes_mut().copy_from_slice(&buf[off..off + n]);
+                                off += n;
+                            }
+                        }
                         Ok(req.tensor)
                     }
                     Err(e) => Err(e.share()),

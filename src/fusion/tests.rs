@@ -87,7 +87,11 @@ fn mixed_round_trip(rank: usize, world: usize, fuser: &Fuser, tensors: usize, st
 fn mixed_tensors_reduce_exactly_for_every_world_and_threshold() {
     for world in [1, 2, 3, 4] {
         for (threshold, cycle) in [(0, 0), (1 << 10, 0), (16 << 10, 1), (64 << 20, 1), (64 << 20, 50)] {
-            let cfg = FusionConfig { threshold_bytes: threshold, cycle: Duration::from_millis(cycle) };
+            let cfg = FusionConfig {
+                threshold_bytes: threshold,
+                cycle: Duration::from_millis(cycle),
+                ..FusionConfig::default()
+            };
             let counts = on_ranks(world, cfg, move |rank, f| mixed_round_trip(rank, world, f, 40, false));
             assert_eq!(counts, vec![40; world], "world {world} threshold {threshold}");
         }
@@ -97,7 +101,8 @@ fn mixed_tensors_reduce_exactly_for_every_world_and_threshold() {
 #[test]
 fn ranks_that_submit_at_different_times_still_agree() {
     for world in [2, 3] {
-        let cfg = FusionConfig { threshold_bytes: 8 << 10, cycle: Duration::from_micros(200) };
+        let cfg =
+            FusionConfig { threshold_bytes: 8 << 10, cycle: Duration::from_micros(200), ..FusionConfig::default() };
         let counts = on_ranks(world, cfg, move |rank, f| mixed_round_trip(rank, world, f, 60, true));
         assert_eq!(counts, vec![60; world]);
     }
@@ -123,11 +128,15 @@ fn avg_and_max_buckets_apart_from_sums() {
 
 #[test]
 fn requests_left_at_drop_complete_and_the_communicator_comes_back() {
-    let out = on_ranks(2, FusionConfig { threshold_bytes: 64 << 20, cycle: Duration::from_secs(3600) }, |rank, f| {
-        // No flush and an hour's cycle: only stopping the fuser negotiates these.
-        let w = f.all_reduce(vec![rank as i32 + 1; 9], ReduceOp::Sum);
-        (w, rank)
-    });
+    let out = on_ranks(
+        2,
+        FusionConfig { threshold_bytes: 64 << 20, cycle: Duration::from_secs(3600), ..FusionConfig::default() },
+        |rank, f| {
+            // No flush and an hour's cycle: only stopping the fuser negotiates these.
+            let w = f.all_reduce(vec![rank as i32 + 1; 9], ReduceOp::Sum);
+            (w, rank)
+        },
+    );
     // The fusers were dropped at the end of each rank's body, finishing the request.
     for (w, _) in out {
         assert_eq!(w.wait().unwrap(), vec![3; 9]);
@@ -155,7 +164,14 @@ fn into_communicator_finishes_requests_first() {
         .map(|c| {
             std::thread::spawn(move || {
                 let rank = c.rank() as i64;
-                let f = Fuser::new(c, FusionConfig { threshold_bytes: 1 << 20, cycle: Duration::from_secs(3600) });
+                let f = Fuser::new(
+                    c,
+                    FusionConfig {
+                        threshold_bytes: 1 << 20,
+                        cycle: Duration::from_secs(3600),
+                        ..FusionConfig::default()
+                    },
+                );
                 let w = f.all_reduce(vec![rank; 2], ReduceOp::Sum);
                 let comm = f.into_communicator();
                 let mut v = [rank * 10];
@@ -174,15 +190,19 @@ fn different_layouts_of_one_size_fail_on_every_rank_without_hanging() {
     // Same dtype and total bytes, other split: one bucket of 12 floats on both
     // ranks, which without the layout check would reduce tensor halves into each
     // other silently.
-    let out = on_ranks(2, FusionConfig { threshold_bytes: 1 << 20, cycle: Duration::from_secs(3600) }, |rank, f| {
-        let sizes = if rank == 0 { [4, 8] } else { [8, 4] };
-        let ws: Vec<_> = sizes.iter().map(|&n| f.all_reduce(vec![1.0f32; n], ReduceOp::Sum)).collect();
-        f.flush();
-        let results: Vec<Result<Vec<f32>>> = ws.into_iter().map(FusedWork::wait).collect();
-        // Later requests fail at once with the same cause.
-        let later = f.all_reduce(vec![1.0f32; 1], ReduceOp::Sum).wait();
-        (results, later)
-    });
+    let out = on_ranks(
+        2,
+        FusionConfig { threshold_bytes: 1 << 20, cycle: Duration::from_secs(3600), ..FusionConfig::default() },
+        |rank, f| {
+            let sizes = if rank == 0 { [4, 8] } else { [8, 4] };
+            let ws: Vec<_> = sizes.iter().map(|&n| f.all_reduce(vec![1.0f32; n], ReduceOp::Sum)).collect();
+            f.flush();
+            let results: Vec<Result<Vec<f32>>> = ws.into_iter().map(FusedWork::wait).collect();
+            // Later requests fail at once with the same cause.
+            let later = f.all_reduce(vec![1.0f32; 1], ReduceOp::Sum).wait();
+            (results, later)
+        },
+    );
     for (results, later) in out {
         for r in results {
             let e = r.expect_err("mismatched layouts must fail");
@@ -199,11 +219,17 @@ fn config_reads_the_environment_forms() {
     };
     assert_eq!(FusionConfig::from_vars(vars(&[])).unwrap(), FusionConfig::default());
     let off = FusionConfig::from_vars(vars(&[("BRAID_FUSION_BYTES", "0"), ("BRAID_FUSION_CYCLE", "0")])).unwrap();
-    assert_eq!(off, FusionConfig { threshold_bytes: 0, cycle: Duration::ZERO });
+    assert_eq!(off, FusionConfig { threshold_bytes: 0, cycle: Duration::ZERO, ..FusionConfig::default() });
     let set = FusionConfig::from_vars(vars(&[("BRAID_FUSION_BYTES", "4M"), ("BRAID_FUSION_CYCLE", "5ms")])).unwrap();
-    assert_eq!(set, FusionConfig { threshold_bytes: 4 << 20, cycle: Duration::from_millis(5) });
+    assert_eq!(
+        set,
+        FusionConfig { threshold_bytes: 4 << 20, cycle: Duration::from_millis(5), ..FusionConfig::default() }
+    );
     let bad = FusionConfig::from_vars(vars(&[("BRAID_FUSION_BYTES", "lots")])).unwrap_err();
     assert!(bad.to_string().contains("BRAID_FUSION_BYTES"), "{bad}");
+    let half = FusionConfig::from_vars(vars(&[("BRAID_FUSION_COMPRESSION", "bf16")])).unwrap();
+    assert_eq!(half.compression, Compression::Bf16);
+    assert!(FusionConfig::from_vars(vars(&[("BRAID_FUSION_COMPRESSION", "zip")])).is_err());
     let bad = FusionConfig::from_vars(vars(&[("BRAID_FUSION_CYCLE", "soon")])).unwrap_err();
     assert!(bad.to_string().contains("BRAID_FUSION_CYCLE"), "{bad}");
 }
@@ -238,5 +264,57 @@ fn byte_level_async_calls_run_in_issue_order_with_any_dtype() {
         assert_eq!(a, vec![3, 6, -3]);
         assert_eq!(b, vec![f16::from_f32(2.0); 5]);
         assert_eq!(last, 3);
+    }
+}
+
+#[test]
+fn compressed_buckets_carry_halves_and_leave_other_buckets_alone() {
+    for compression in [Compression::F16, Compression::Bf16] {
+        let cfg = FusionConfig { compression, ..FusionConfig::default() };
+        let out = on_ranks(3, cfg, |rank, f| {
+            // Small integers and halves: exact in f16 and bf16, sums too.
+            let sums = f.all_reduce((0..300).map(|i| ((i % 7) as f32) * 0.5 + rank as f32).collect(), ReduceOp::Sum);
+            let avg = f.all_reduce(vec![rank as f32 * 3.0; 5], ReduceOp::Avg);
+            let max = f.all_reduce(vec![1.0e-3 + rank as f32; 2], ReduceOp::Max);
+            let wide = f.all_reduce(vec![1.0e-3 + rank as f64; 2], ReduceOp::Sum);
+            f.flush();
+            let got = (sums.wait().unwrap(), avg.wait().unwrap(), max.wait().unwrap(), wide.wait().unwrap());
+            // Not a half value: it comes back rounded, so the halves did travel.
+            let lossy = f.all_reduce(vec![0.1001f32; 4], ReduceOp::Sum);
+            f.flush();
+            (got, lossy.wait().unwrap())
+        });
+        for ((sums, avg, max, wide), lossy) in out {
+            for x in lossy {
+                assert!(x != 0.3003 && (x - 0.3003).abs() < 0.3003 * 0.01, "{compression:?}: {x}");
+            }
+            let want: Vec<f32> = (0..300).map(|i| ((i % 7) as f32) * 1.5 + 3.0).collect();
+            assert_eq!(sums, want, "{compression:?}");
+            assert_eq!(avg, vec![3.0; 5]);
+            // Max and f64 buckets are not compressed: 1e-3 survives exactly.
+            assert_eq!(max, vec![2.001; 2]);
+            let exact: f64 = (0..3).map(|r| 1.0e-3 + r as f64).sum();
+            assert_eq!(wide, vec![exact; 2]);
+        }
+    }
+}
+
+#[test]
+fn ranks_that_disagree_on_compression_fail_instead_of_mixing() {
+    let comms = Communicator::in_process(2).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let compression = if c.rank() == 0 { Compression::F16 } else { Compression::None };
+                let f = Fuser::new(c, FusionConfig { compression, ..FusionConfig::default() });
+                let w = f.all_reduce(vec![1.0f32; 64], ReduceOp::Sum);
+                f.flush();
+                w.wait()
+            })
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().unwrap().is_err());
     }
 }
