@@ -232,6 +232,12 @@ impl Communicator {
         self.core.world
     }
 
+    /// The deadline of every wait of this communicator (`BRAID_TIMEOUT`). Waits for
+    /// a call in progress on another thread to finish.
+    pub fn timeout(&self) -> std::time::Duration {
+        self.core.shared.lock_engine().timeout
+    }
+
     /// The transport used to reach each peer (None at this rank's own index).
     pub fn transports(&self) -> &[Option<TransportKind>] {
         &self.transports

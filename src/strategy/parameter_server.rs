@@ -57,7 +57,7 @@ pub struct ParameterServer {
     shards: Vec<Range<usize>>,
     /// A worker's latest pull (a server's: the initial values of the model).
     vars: Tensors,
-    steps: u64,
+    pub(super) steps: u64,
     staleness: Option<u64>,
     /// The job communicator, kept for its store and links' lifetime.
     _world: Communicator,
@@ -192,6 +192,7 @@ fn serve_worker(
 ) -> Result<()> {
     let len = lock(shard).values.len();
     let mut grad = vec![0.0f32; len];
+    let deadline = link.timeout();
     loop {
         let mut msg = [0i64; 2];
         link.recv(&mut msg, 1)?;
@@ -199,14 +200,24 @@ fn serve_worker(
         match msg[0] {
             PULL => {
                 let mut st = lock(shard);
-                // Hold a worker that is too far ahead of the slowest live one.
+                // Hold a worker that is too far ahead of the slowest live one, as
+                // long as the link's deadline: a slow worker is dropped by then (its
+                // own thread's receive times out), so only a step no worker can
+                // reach (a lie) waits that long, and it ends this worker's service.
+                let since = std::time::Instant::now();
                 while let Some(bound) = staleness {
                     let slowest =
                         (0..st.steps.len()).filter(|&o| st.live[o]).map(|o| st.steps[o]).min().unwrap_or(step);
-                    if step <= slowest + bound {
+                    if step <= slowest.saturating_add(bound) {
                         break;
                     }
-                    st = moved.wait(st).unwrap_or_else(|e| e.into_inner());
+                    let left = deadline.saturating_sub(since.elapsed());
+                    if left.is_zero() {
+                        return Err(Error::InvalidArgument(format!(
+                            "worker {w} at step {step} stayed more than {bound} steps ahead of the slowest ({slowest}) for {deadline:?}"
+                        )));
+                    }
+                    st = moved.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
                 }
                 let values = st.values.clone();
                 drop(st);

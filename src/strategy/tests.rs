@@ -299,3 +299,37 @@ fn parameter_server_roles_refuse_the_other_roles_calls() {
     assert_eq!(reports[0].finished, vec![0]);
     assert!(ParameterServer::new(Communicator::in_process(1).unwrap().remove(0), 1, init(), None).is_err());
 }
+
+#[test]
+fn a_worker_claiming_an_unreachable_step_is_dropped_at_the_deadline() {
+    // A worker that says it is at step 1,000,000 under a staleness bound of 1 would
+    // wait forever for the others; the server drops it at the link's deadline and
+    // still ends its service.
+    let mut cfg = crate::Config::new(0, 3);
+    cfg.timeout = std::time::Duration::from_millis(500);
+    let comms = Communicator::in_process_with(cfg).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut p = ParameterServer::new(c, 1, init(), Some(1)).unwrap();
+                if p.is_server() {
+                    return Some(p.serve(&sgd).unwrap());
+                }
+                let w = p.local_replicas().start;
+                if w == 0 {
+                    p.steps = 1_000_000;
+                    assert!(p.step(8, &grads_of(0), &sgd).is_err());
+                } else {
+                    for start in (0..EXAMPLES).step_by(8) {
+                        p.step(8, &grads_of(start), &sgd).unwrap();
+                    }
+                }
+                None
+            })
+        })
+        .collect();
+    let reports: Vec<ServeReport> = threads.into_iter().filter_map(|t| t.join().unwrap()).collect();
+    assert_eq!(reports[0].lost, vec![0]);
+    assert_eq!(reports[0].finished, vec![1]);
+}
