@@ -14,6 +14,7 @@
 //! built-in model, and `BRAID_DEBUG=braid=debug` prints what was measured.
 //! In-process communicators keep the built-in model.
 
+mod cache;
 pub(crate) mod calibrate;
 pub mod cost;
 mod policy;

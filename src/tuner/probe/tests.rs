@@ -6,6 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::bootstrap::{MemStore, PrefixStore};
+use std::path::Path;
+
+use crate::tuner::cache::{cache_path, decode_cache, encode_cache, fingerprint_from};
 
 /// A fresh directory under the system's temporary one.
 fn temp_dir(name: &str) -> PathBuf {
