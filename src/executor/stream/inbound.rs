@@ -72,6 +72,23 @@ pub(super) fn reduce_from_link(ch: &mut StreamChannel, m: &mut InMsg, peer: usiz
     Ok(progressed)
 }
 
+/// Frames up to this long are prefetched whole before [`take_whole_frame`] reduces them.
+const PREFETCH_BYTES: usize = 16 << 10;
+
+/// Ask for every line of `s` at once. Lines a peer just wrote sit in its core's
+/// cache; a reduction loop reading them in order keeps few of those transfers in
+/// flight, while a copy streams them. With the two vCPUs apart (a transfer costs
+/// about 200 ns), 2-rank reduce-scatter of 4 KiB took 1.3 µs against all-gather's 1.0.
+fn prefetch_lines(s: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..s.len()).step_by(64) {
+        // SAFETY: a prefetch is a hint; the address lies inside `s`.
+        unsafe { std::arch::x86_64::_mm_prefetch(s.as_ptr().add(off).cast(), std::arch::x86_64::_MM_HINT_T0) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = s;
+}
+
 /// Copy what the link holds of a long plain receive into place with non-temporal
 /// stores. Returns whether any byte was taken.
 pub(super) fn stream_from_link(ch: &mut StreamChannel, m: &mut InMsg, peer: usize, call: &CallInfo) -> Result<bool> {
@@ -227,16 +244,16 @@ pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [us
     }
 }
 
-/// The short path for a small plain receive on a link that can be peeked: when the
+/// The short path for a small receive on a link that can be peeked: when the
 /// whole data frame for the receive at the front of the queue is in the link, check
-/// its header and copy its payload out in one look at the link (one load of the
+/// its header and copy (or reduce) its payload out in one look at the link (one load of the
 /// writer's counter, one release of the space), instead of reading the header and
 /// the payload separately. Returns whether it took a frame; anything else (no
 /// frame yet, part of one, a control frame) is left to the general path, which
 /// finds the link as it was.
 fn take_whole_frame(ch: &mut StreamChannel, peer: usize, gates: &mut [usize], call: &CallInfo) -> Result<Whole> {
     let Some(m) = ch.inq.front() else { return Ok(Whole::NotHere) };
-    if m.src.is_some() || m.stream || m.started || m.len > SMALL_FRAME_BYTES {
+    if m.stream || m.started || m.len > SMALL_FRAME_BYTES {
         return Ok(Whole::NotHere);
     }
     let total = HEADER_LEN + m.len + padding(FrameKind::Data, m.len);
@@ -256,9 +273,18 @@ fn take_whole_frame(ch: &mut StreamChannel, peer: usize, gates: &mut [usize], ca
         return Ok(Whole::NotHere);
     }
     check_header(&h, m.len, peer, call)?;
-    // SAFETY: dst..dst+len is inside a live buffer region of this call (checked by
-    // the executor when posted), which the link's buffer does not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(s.as_ptr().add(HEADER_LEN), m.dst, m.len) };
+    let payload = &s[HEADER_LEN..HEADER_LEN + m.len];
+    match m.src {
+        // A small receive-reduce combines straight out of the link, like the
+        // general path's `reduce_from_link` but with the header read in the same look.
+        Some(src) => {
+            prefetch_lines(&payload[..m.len.min(PREFETCH_BYTES)]);
+            combine_at(m.dst, src, 0, payload, (m.dtype, m.op))?;
+        }
+        // SAFETY: dst..dst+len is inside a live buffer region of this call (checked by
+        // the executor when posted), which the link's buffer does not overlap.
+        None => unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), m.dst, m.len) },
+    }
     if let Some(g) = m.feeds {
         gates[g] = m.len;
     }
@@ -277,7 +303,7 @@ enum Whole {
     NotHere,
 }
 
-/// Plain receives up to this long may take the short path of [`take_whole_frame`].
+/// Receives up to this long may take the short path of [`take_whole_frame`].
 const SMALL_FRAME_BYTES: usize = 64 << 10;
 
 /// Read the payload of the data or rendezvous frame `h` into the receive at the
