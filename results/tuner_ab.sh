@@ -3,6 +3,11 @@
 #   results/tuner_ab.sh onehost N RUNS OUTDIR   N ranks on this host (shared memory)
 #   results/tuner_ab.sh twohost RUNS OUTDIR     4 ranks on two emulated hosts (network
 #       namespaces, private /dev/shm each, one CPU each, veth limited to 1 Gbit/s by tbf)
+# BURST (twohost): tbf's bucket, default 256kb (tc's kb: kilobytes): messages shorter
+#       than the bucket cross at the veth's own speed, not 1 Gbit/s.
+# QDISC=htb (twohost): an htb class at 1 Gbit/s (rate and ceil; its own default
+#       bucket, about one packet, unless BURST is given) instead of tbf.
+# PARTS (twohost): "small large" by default (4 KiB-1 MiB, 4-64 MiB).
 # `braid perf --algo all` alternates auto and every algorithm at each size within a
 # run; each run writes JSON lines; results/tuner_summarize.py takes the medians.
 set -euo pipefail
@@ -32,7 +37,12 @@ twohost)
   i=1
   for ns in $base-a $base-b; do
     ip -n $ns addr add 10.78.0.$i/24 dev eth0; ip -n $ns link set eth0 up; ip -n $ns link set lo up
-    ip netns exec $ns tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 100ms
+    if [ "${QDISC:-tbf}" = htb ]; then
+      ip netns exec $ns tc qdisc add dev eth0 root handle 1: htb default 10
+      ip netns exec $ns tc class add dev eth0 parent 1: classid 1:10 htb rate 1gbit ceil 1gbit ${BURST:+burst $BURST cburst $BURST}
+    else
+      ip netns exec $ns tc qdisc add dev eth0 root tbf rate 1gbit burst "${BURST:-256kb}" latency 100ms
+    fi
     i=$((i+1))
   done
   for ns in $base-a $base-b; do
@@ -42,7 +52,7 @@ twohost)
   done
   for r in $(seq 1 "$runs"); do
     json=$out/twohost-run$r.json
-    for part in small large; do
+    for part in ${PARTS:-small large}; do
       if [ $part = small ]; then args=(-b 4K -e 1M -f 4); else args=(-b 4M -e 64M -f 4 -n 5 -w 1); fi
       pids=()
       for rank in 0 1 2 3; do
@@ -55,7 +65,8 @@ twohost)
       done
       for p in "${pids[@]}"; do wait "$p"; done
     done
-    cat "$json.small" "$json.large" > "$json"; rm -f "$json.small" "$json.large"
+    for part in ${PARTS:-small large}; do cat "$json.$part"; done > "$json"
+    rm -f "$json.small" "$json.large"
     echo "run $r done"
   done ;;
 esac
