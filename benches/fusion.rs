@@ -3,7 +3,9 @@
 //! fixed seed), on 2 ranks that are threads of this process, per transport.
 //! `per_tensor` calls `all_reduce_in_place` once per tensor; `fused` submits all
 //! of them to a [`braid::fusion::Fuser`] (default threshold and cycle), flushes,
-//! and waits for every handle.
+//! and waits for every handle. `one_buffer` all-reduces one buffer holding as many
+//! bytes as all the tensors together: no fusion can beat it (it packs nothing and
+//! makes one call), so per_tensor / one_buffer bounds what fusion can gain here.
 
 mod common;
 
@@ -37,6 +39,7 @@ fn sizes() -> Vec<usize> {
 enum Mode {
     PerTensor,
     Fused,
+    OneBuffer,
 }
 
 /// One rank: its communicator (inside a fuser for `Fused`) and its tensors.
@@ -52,6 +55,10 @@ impl Rank {
         let tensors = sizes().into_iter().map(|n| vec![0.0f32; n]).collect();
         match mode {
             Mode::PerTensor => Rank { comm: Some(comm), fuser: None, tensors },
+            Mode::OneBuffer => {
+                let total = tensors.iter().map(Vec::len).sum();
+                Rank { comm: Some(comm), fuser: None, tensors: vec![vec![0.0f32; total]] }
+            }
             Mode::Fused => Rank { comm: None, fuser: Some(Fuser::new(comm, FusionConfig::default())), tensors },
         }
     }
@@ -109,7 +116,8 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("fusion_1000_tensors_{name}_{WORLD}ranks"));
         g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
         g.throughput(Throughput::Bytes(bytes as u64));
-        for (label, mode) in [("per_tensor", Mode::PerTensor), ("fused", Mode::Fused)] {
+        for (label, mode) in [("per_tensor", Mode::PerTensor), ("fused", Mode::Fused), ("one_buffer", Mode::OneBuffer)]
+        {
             let comms = match kind {
                 None => Communicator::in_process(WORLD).expect("inproc"),
                 Some(k) => comms(WORLD, k, None),

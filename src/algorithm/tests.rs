@@ -471,8 +471,13 @@ mod large_worlds {
                 let h = hosts.min(n);
                 let layout: Vec<usize> = (0..n).map(|r| if grouped { r * h / n } else { r % h }).collect();
                 let alg = alg.index(algorithms_for(op).len());
+                // In reproducible mode a symbolic element records the order of its
+                // reduction, as many terms as ranks: memory grows as n x n x count
+                // there too (all-reduce by doubling, 774 ranks, 204 elements, ran a
+                // CI machine out of its 24 GB).
                 let grows = matches!(op, OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll)
-                    || algorithms_for(op)[alg] == Algorithm::Direct;
+                    || algorithms_for(op)[alg] == Algorithm::Direct
+                    || det;
                 // Symbolic elements in all: about n x count, n x n x count where the
                 // buffers grow with the world; kept near 2^18 (a few hundred MB of
                 // rank sets at 1024 ranks).
