@@ -428,11 +428,16 @@ fn calibrate(
     class: crate::tuner::LinkClass,
     setup: &crate::tuner::probe::ProbeSetup,
 ) -> Result<()> {
-    use crate::tuner::calibrate::{fit, tiny_bytes, Times, FAR_BYTES, NEAR_BYTES};
+    use crate::tuner::calibrate::{fit, tiny_bytes, Times, FAR_BYTES, NEAR_BYTES, TIMED_ALGORITHMS};
     let time = |bytes: usize, warm: usize, reps: usize| -> Result<f64> {
-        let mut buf = vec![1.0f32; bytes / 4];
+        // Each call starts from freshly written data, as a training step's gradients
+        // do (and `braid perf`'s calls): a buffer reduced over and over stays in a
+        // state of the caches no real call sees, and priced big calls ~1.5x too fast.
+        let fresh = vec![1.0f32; bytes / 4];
+        let mut buf = fresh.clone();
         let mut times = Vec::with_capacity(reps);
         for i in 0..warm + reps {
+            buf.copy_from_slice(&fresh);
             comm.barrier()?;
             let t = std::time::Instant::now();
             comm.all_reduce_in_place(&mut buf, crate::types::ReduceOp::Sum)?;
@@ -449,11 +454,19 @@ fn calibrate(
     comm.set_algorithm(Some(Algorithm::Ring));
     // Warm-ups long enough for the copy policy's first trials to settle.
     let timed = (|| {
-        Ok(Times {
+        let mut t = Times {
             tiny: time(tiny_bytes(world), 30, 31)?,
             near: time(NEAR_BYTES, 30, 15)?,
             far: time(FAR_BYTES, 8, 7)?,
-        })
+            algos: [0.0; TIMED_ALGORITHMS.len()],
+        };
+        for (a, slot) in TIMED_ALGORITHMS.iter().zip(&mut t.algos) {
+            comm.set_algorithm(Some(*a));
+            // Past the ring writers' first trials of both kinds of store, which
+            // each algorithm makes for itself (see `stream_copy::PATTERNS`).
+            *slot = time(FAR_BYTES, 8, 3)?;
+        }
+        Ok(t)
     })();
     comm.set_algorithms(cfg.algorithms.clone());
     comm.set_deterministic(cfg.deterministic);
@@ -466,6 +479,7 @@ fn calibrate(
     let cost = fitted.cost;
     model.set(class, cost);
     model.busy_round = fitted.busy_round;
+    model.algo_far = fitted.algo_far;
     tracing::debug!(
         rank = cfg.rank,
         tiny_us = times.tiny * 1e6,
@@ -476,7 +490,8 @@ fn calibrate(
         beta_gbps = 1.0 / cost.beta / 1e9,
         gamma_gbps = 1.0 / cost.gamma / 1e9,
         far = cost.far,
-        "tuner calibrated {class} links to ring all-reduce"
+        algo_far = ?fitted.algo_far,
+        "tuner calibrated {class} links to ring all-reduce (and the other algorithms past the cache)"
     );
     install_model(comm, model, crate::tuner::ProbeSource::Measured);
     if let (0, Some(dir)) = (cfg.rank, setup.cache_dir.as_deref()) {
@@ -488,6 +503,7 @@ fn calibrate(
             gamma: Some(cost.gamma),
             far: Some(cost.far),
             busy_round: busy.then_some(fitted.busy_round),
+            algo_far: fitted.algo_far,
         };
         if let Err(e) = probe::write_cache(dir, class, &key, &m) {
             tracing::warn!("tuner: cannot cache the calibration in {}: {e}", dir.display());

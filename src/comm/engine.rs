@@ -310,7 +310,9 @@ impl Engine {
         // Host buffers over shared memory: time large calls for the ring writers'
         // choice of stores (device buffers are staged by other code).
         let timed = match (&mut self.stream_tuner, device) {
-            (Some(t), None) => t.begin((sig.count as usize).saturating_mul(sig.dtype.size())),
+            (Some(t), None) => {
+                t.begin((sig.count as usize).saturating_mul(sig.dtype.size()), schedule.algorithm.code() as usize)
+            }
             _ => None,
         };
         let r = self.run(sig, &schedule, &mut bufs, (seq, seq));

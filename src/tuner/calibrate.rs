@@ -15,7 +15,7 @@
 use crate::algorithm::{Algorithm, PlanParams};
 use crate::types::OpKind;
 
-use super::cost::{predict, CostModel, LinkClass, LinkCost, Links};
+use super::cost::{predict, AlgoFar, CostModel, LinkClass, LinkCost, Links};
 use super::{plan_all, Call};
 
 /// Bytes of the latency calibration all-reduce: 4 KiB, the smallest size the
@@ -35,13 +35,30 @@ pub const FAR_BYTES: usize = 16 << 20;
 /// The model's terms for a ring all-reduce of `bytes` f32 over `world` ranks of one
 /// host whose links are `class`.
 fn ring_terms(model: &CostModel, class: LinkClass, world: usize, busy: bool, bytes: usize) -> super::Terms {
+    terms_of(Algorithm::Ring, model, class, world, busy, bytes)
+}
+
+/// The same for any all-reduce `algorithm`.
+fn terms_of(
+    algorithm: Algorithm,
+    model: &CostModel,
+    class: LinkClass,
+    world: usize,
+    busy: bool,
+    bytes: usize,
+) -> super::Terms {
     let hosts = vec![0; world];
     let busy = [busy];
     let call = Call { op: OpKind::AllReduce, count: bytes / 4, elem_size: 4, root: 0, hosts: &hosts, busy: &busy };
-    let schedules = plan_all(&call, Algorithm::Ring, &PlanParams::default()).expect("ring plans every all-reduce");
+    let schedules = plan_all(&call, algorithm, &PlanParams::default()).expect("every all-reduce algorithm plans");
     let links = Links { hosts: &[], local: class, remote: LinkClass::Tcp, busy: &busy };
     predict(&schedules, &links, model)
 }
+
+/// The all-reduce algorithms a one-host calibration times at [`FAR_BYTES`] besides
+/// the ring, to fit their [`AlgoFar`] factors (hierarchical is the ring on one host).
+pub const TIMED_ALGORITHMS: [Algorithm; 4] =
+    [Algorithm::Tree, Algorithm::HalvingDoubling, Algorithm::Direct, Algorithm::Doubling];
 
 /// What a calibration fits: the class's costs and, on a host whose ranks
 /// outnumber its cores, the cost of a round there.
@@ -51,10 +68,13 @@ pub struct Fitted {
     pub cost: LinkCost,
     /// [`CostModel::busy_round`].
     pub busy_round: f64,
+    /// [`CostModel::algo_far`].
+    pub algo_far: AlgoFar,
 }
 
 /// Ring all-reduce times measured on one host of `world` ranks: `tiny` seconds for
-/// [`tiny_bytes`], `near` for [`NEAR_BYTES`], `far` for [`FAR_BYTES`].
+/// [`tiny_bytes`], `near` for [`NEAR_BYTES`], `far` for [`FAR_BYTES`]; and the
+/// times of the [`TIMED_ALGORITHMS`] at [`FAR_BYTES`], in that order.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Times {
     /// Latency-bound call.
@@ -63,6 +83,8 @@ pub struct Times {
     pub near: f64,
     /// Far past the cache.
     pub far: f64,
+    /// The other algorithms far past the cache (not positive: not timed).
+    pub algos: [f64; TIMED_ALGORITHMS.len()],
 }
 
 /// The largest `x` in `[lo, hi]` whose prediction stays below `target`
@@ -148,14 +170,29 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
     // Within the bounds the probe keeps any measurement in (see `probe::sane`):
     // a fit to a moment of heavy load must not price links absurdly.
     let sane = super::probe::sane;
-    let default_busy = CostModel::default().busy_round;
     let cost = LinkCost {
         alpha: sane(cost.alpha, builtin.alpha),
         beta: sane(cost.beta, builtin.beta),
         gamma: sane(cost.gamma, builtin.gamma),
         ..cost
     };
-    Fitted { cost, busy_round: sane(m.busy_round, default_busy) }
+    m.set(class, cost);
+    m.busy_round = sane(m.busy_round, CostModel::default().busy_round);
+    // Each other algorithm's factor, on top of the ring's fit as installed.
+    let mut algo_far = AlgoFar::default();
+    for (&a, &t) in TIMED_ALGORITHMS.iter().zip(&times.algos) {
+        if ok(t) {
+            let base = m;
+            let (lo, hi) = AlgoFar::BOUNDS;
+            let factor = solve(lo, hi, t, |f| {
+                let mut with = base;
+                with.algo_far.set(a, f);
+                terms_of(a, &with, class, world, busy, FAR_BYTES).seconds()
+            });
+            algo_far.set(a, factor);
+        }
+    }
+    Fitted { cost, busy_round: m.busy_round, algo_far }
 }
 
 #[cfg(test)]
@@ -175,9 +212,19 @@ mod tests {
             let c = base.cost(class);
             let alpha = if busy { c.alpha } else { 0.8e-6 };
             truth.set(class, LinkCost { alpha, beta: c.beta * 1.7, gamma: c.gamma * 1.7, far: 2.2, ..c });
+            let factors = [0.6, 1.3, 2.0, 0.45];
+            for (&a, &f) in TIMED_ALGORITHMS.iter().zip(&factors) {
+                truth.algo_far.set(a, f);
+            }
             let at = |bytes| ring_terms(&truth, class, world, busy, bytes).seconds();
-            let times = Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES) };
+            let algos = TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, FAR_BYTES).seconds());
+            let times = Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos };
             let got = fit(&base, class, world, busy, times);
+            for (&a, &f) in TIMED_ALGORITHMS.iter().zip(&factors) {
+                let g = got.algo_far.get(a);
+                assert!((g / f - 1.0).abs() < 1e-3, "world {world}: {a} factor {g} vs {f}");
+            }
+            assert_eq!(got.algo_far.get(Algorithm::Ring), 1.0, "the ring is what the costs are fitted to");
             let want = truth.cost(class);
             let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-3;
             assert!(close(got.cost.alpha, want.alpha), "world {world}: alpha {} vs {}", got.cost.alpha, want.alpha);
@@ -188,16 +235,48 @@ mod tests {
         }
     }
 
+    /// An algorithm's factor prices only calls inside one host over memory links,
+    /// and only past the cache: in cache it is 1, far past it the whole factor.
+    #[test]
+    fn algorithm_factors_apply_past_the_cache_inside_one_host() {
+        let base = CostModel::default();
+        let mut model = base;
+        model.algo_far.set(Algorithm::Tree, 0.5);
+        let class = LinkClass::SharedMemory;
+        let tree = |m: &CostModel, bytes| terms_of(Algorithm::Tree, m, class, 2, false, bytes);
+        let small = 64 << 10;
+        assert_eq!(tree(&model, small), tree(&base, small), "in cache");
+        let (with, without) = (tree(&model, 64 << 20), tree(&base, 64 << 20));
+        assert_eq!(with.alpha_s, without.alpha_s);
+        assert!((with.beta_s / without.beta_s - 0.5).abs() < 1e-12, "{} vs {}", with.beta_s, without.beta_s);
+        let mid = tree(&model, 4 << 20).beta_s / tree(&base, 4 << 20).beta_s;
+        assert!(mid > 0.5 && mid < 1.0, "ramps in: {mid}");
+        // Across hosts the wire decides: the factor does not apply.
+        let hosts = [0, 0, 1, 1];
+        let call = Call { op: OpKind::AllReduce, count: 16 << 20, elem_size: 4, root: 0, hosts: &hosts, busy: &[] };
+        let s = plan_all(&call, Algorithm::Tree, &PlanParams::default()).unwrap();
+        let links = Links { hosts: &hosts, local: class, remote: LinkClass::Tcp, busy: &[] };
+        assert_eq!(predict(&s, &links, &model), predict(&s, &links, &base));
+    }
+
     /// Nonsense times leave the costs alone; huge fixed costs cannot make them negative.
     #[test]
     fn nonsense_keeps_the_model() {
         let base = CostModel::default();
         let class = LinkClass::SharedMemory;
         let c = base.cost(class);
-        let got = fit(&base, class, 2, false, Times { tiny: f64::NAN, near: -1.0, far: 0.0 });
+        let got = fit(
+            &base,
+            class,
+            2,
+            false,
+            Times { tiny: f64::NAN, near: -1.0, far: 0.0, algos: [f64::NAN, 0.0, -1.0, f64::INFINITY] },
+        );
         assert_eq!(got.cost, c);
         assert_eq!(got.busy_round, base.busy_round);
-        let tiny = fit(&base, class, 4, true, Times { tiny: 1e-9, near: 1e-9, far: 1e-9 });
+        assert_eq!(got.algo_far, AlgoFar::default());
+        let tiny = fit(&base, class, 4, true, Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [1e-9; 4] });
+        assert!((tiny.algo_far.get(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped, not absurd");
         assert!(tiny.cost.far >= 1.0);
         // Clamped to a tenth of the built-in values, like any probed number.
         assert!((tiny.cost.beta / (c.beta * 0.1) - 1.0).abs() < 1e-9, "{}", tiny.cost.beta);

@@ -18,7 +18,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::algorithm::{Schedule, Step};
+use crate::algorithm::{Algorithm, Schedule, Step};
 use crate::transport::TransportKind;
 
 /// A class of links, each with its own costs.
@@ -107,6 +107,45 @@ pub struct LinkCost {
     pub far: f64,
 }
 
+/// Per-algorithm factors on the bandwidth terms of a call inside one host, past
+/// the cache (1: as the link's costs say). The memory links' costs are fitted to the
+/// ring, but algorithms touch memory differently once the data outgrows the cache:
+/// the double binary tree reduces and forwards small segments while they are still
+/// in cache, and whole-buffer exchanges stream everything twice. So a one-host
+/// calibration also times each all-reduce algorithm far past the cache and keeps
+/// how far it is from its prediction, like NCCL's per-algorithm bandwidth tables,
+/// measured instead of built in. The factor ramps in like [`LinkCost::far`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AlgoFar([f64; Algorithm::ALL.len()]);
+
+impl Default for AlgoFar {
+    fn default() -> Self {
+        AlgoFar([1.0; Algorithm::ALL.len()])
+    }
+}
+
+impl AlgoFar {
+    /// Smallest and largest factor kept: a measurement outside is noise or a stall.
+    pub const BOUNDS: (f64, f64) = (0.2, 5.0);
+
+    fn index(a: Algorithm) -> usize {
+        a.code() as usize - 1
+    }
+    /// The factor of `a`.
+    pub fn get(&self, a: Algorithm) -> f64 {
+        self.0[Self::index(a)]
+    }
+    /// Set the factor of `a`, kept within [`AlgoFar::BOUNDS`] (1 for nonsense).
+    pub fn set(&mut self, a: Algorithm, factor: f64) {
+        let (lo, hi) = Self::BOUNDS;
+        self.0[Self::index(a)] = if factor.is_finite() && factor > 0.0 { factor.clamp(lo, hi) } else { 1.0 };
+    }
+    /// The algorithms whose factor is not 1, with it.
+    pub fn non_default(&self) -> impl Iterator<Item = (Algorithm, f64)> + '_ {
+        Algorithm::ALL.iter().map(|&a| (a, self.get(a))).filter(|&(_, f)| f != 1.0)
+    }
+}
+
 /// Costs of every link class.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CostModel {
@@ -121,6 +160,8 @@ pub struct CostModel {
     /// Bytes per rank (input, output and scratch) up to which a call's data stays
     /// in cache.
     pub cache_bytes: u64,
+    /// Per-algorithm factors inside one host (see [`AlgoFar`]).
+    pub algo_far: AlgoFar,
 }
 
 impl Default for CostModel {
@@ -154,6 +195,7 @@ impl Default for CostModel {
             busy_round: 13e-6,
             busy_share: 2.0,
             cache_bytes: 1 << 20,
+            algo_far: AlgoFar::default(),
         }
     }
 }
@@ -170,11 +212,19 @@ impl CostModel {
 
     /// How much slower than in cache `cost` moves a call touching `bytes` per rank.
     fn slowdown(&self, cost: &LinkCost, bytes: u64) -> f64 {
-        if cost.far <= 1.0 || bytes <= self.cache_bytes {
+        if cost.far <= 1.0 {
             return 1.0;
         }
-        let octaves = ((bytes as f64) / (self.cache_bytes.max(1) as f64)).log2().min(5.0);
-        cost.far.powf(octaves / 5.0)
+        cost.far.powf(self.past_cache(bytes))
+    }
+
+    /// How far past the cache a call touching `bytes` per rank is: 0 in cache, 1
+    /// from 32 times the cache up, by octaves in between.
+    fn past_cache(&self, bytes: u64) -> f64 {
+        if bytes <= self.cache_bytes {
+            return 0.0;
+        }
+        ((bytes as f64) / (self.cache_bytes.max(1) as f64)).log2().min(5.0) / 5.0
     }
 }
 
@@ -321,7 +371,16 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
         }
         std::mem::swap(&mut done, &mut next);
     }
-    done.into_iter().fold(Terms::default(), |a, b| if b.seconds() > a.seconds() { b } else { a })
+    let mut path = done.into_iter().fold(Terms::default(), |a, b| if b.seconds() > a.seconds() { b } else { a });
+    let one_host = links.hosts.iter().all(|&h| h == 0);
+    let memory = matches!(links.local, LinkClass::InProcess | LinkClass::SharedMemory);
+    if let (true, true, Some(s)) = (one_host, memory, schedules.first()) {
+        let most = touched.iter().copied().max().unwrap_or(0);
+        let f = model.algo_far.get(s.algorithm).powf(model.past_cache(most));
+        path.beta_s *= f;
+        path.gamma_s *= f;
+    }
+    path
 }
 
 /// The terms of one rank's round: local work, then the slowest class of its

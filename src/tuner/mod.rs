@@ -20,7 +20,7 @@ pub mod cost;
 mod policy;
 pub mod probe;
 
-pub use cost::{predict, CostModel, LinkClass, LinkCost, Links, Terms};
+pub use cost::{predict, AlgoFar, CostModel, LinkClass, LinkCost, Links, Terms};
 pub use policy::AlgoPolicy;
 pub use probe::ProbeSource;
 

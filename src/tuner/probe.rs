@@ -59,7 +59,8 @@ use std::time::{Duration, Instant};
 
 pub use super::cache::{default_cache_dir, host_fingerprint, local_key, read_cache};
 pub(crate) use super::cache::{num_hosts, remote_key, write_cache};
-use super::cost::{CostModel, LinkClass, LinkCost};
+use super::cost::{AlgoFar, CostModel, LinkClass, LinkCost};
+use crate::algorithm::Algorithm;
 use crate::bootstrap::Store;
 use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
@@ -185,6 +186,8 @@ pub struct Measured {
     /// Seconds a round costs on a host whose ranks outnumber its cores (fitted by
     /// the calibration of an oversubscribed one-host world; see `calibrate`).
     pub busy_round: Option<f64>,
+    /// Per-algorithm factors past the cache (fitted by that calibration too).
+    pub algo_far: AlgoFar,
 }
 
 impl fmt::Display for Measured {
@@ -192,10 +195,13 @@ impl fmt::Display for Measured {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
         write!(f, "alpha={} beta={} gamma={} far={}", self.alpha, self.beta, opt(self.gamma), opt(self.far))?;
-        match self.busy_round {
-            Some(b) => write!(f, " busy_round={b}"),
-            None => Ok(()),
+        if let Some(b) = self.busy_round {
+            write!(f, " busy_round={b}")?;
         }
+        for (a, factor) in self.algo_far.non_default() {
+            write!(f, " {ALGO_PREFIX}{a}={factor}")?;
+        }
+        Ok(())
     }
 }
 
@@ -203,8 +209,15 @@ impl std::str::FromStr for Measured {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Measured, String> {
         let (mut alpha, mut beta, mut gamma, mut far, mut busy_round) = (None, None, None, None, None);
+        let mut algo_far = AlgoFar::default();
         for field in s.split_whitespace() {
             let (name, value) = field.split_once('=').ok_or_else(|| format!("`{field}` is not name=value"))?;
+            if let Some(algo) = name.strip_prefix(ALGO_PREFIX) {
+                let a: Algorithm = algo.parse()?;
+                let v: f64 = value.parse().map_err(|_| format!("`{field}`: not a number"))?;
+                algo_far.set(a, v);
+                continue;
+            }
             let parsed = if value == "-" {
                 None
             } else {
@@ -233,9 +246,14 @@ impl std::str::FromStr for Measured {
             gamma: gamma.flatten(),
             far: far.flatten(),
             busy_round: busy_round.flatten(),
+            algo_far,
         })
     }
 }
+
+/// Field-name prefix of a per-algorithm factor in cache and model text
+/// (`algo.tree=0.7`).
+const ALGO_PREFIX: &str = "algo.";
 
 /// `value` kept within `[0.1x, 10x]` of `default`; the default for nonsense.
 pub(crate) fn sane(value: f64, default: f64) -> f64 {
@@ -273,6 +291,9 @@ pub fn apply(model: &mut CostModel, class: LinkClass, m: &Measured) {
     if let Some(b) = m.busy_round {
         model.busy_round = sane(b, CostModel::default().busy_round);
     }
+    if memory_class(class) {
+        model.algo_far = m.algo_far;
+    }
 }
 
 /// Classes a probe over host buffers can measure.
@@ -297,10 +318,13 @@ pub(crate) fn encode_model(p: &Probed) -> String {
         );
     }
     s += &format!(
-        "busy_round={} busy_share={} cache_bytes={}\n",
+        "busy_round={} busy_share={} cache_bytes={}",
         p.model.busy_round, p.model.busy_share, p.model.cache_bytes
     );
-    s
+    for (a, factor) in p.model.algo_far.non_default() {
+        s += &format!(" {ALGO_PREFIX}{a}={factor}");
+    }
+    s + "\n"
 }
 
 /// The model of [`encode_model`]'s text.
@@ -345,6 +369,10 @@ pub(crate) fn decode_model(text: &str) -> std::result::Result<Probed, String> {
     }
     let line = lines.next().ok_or("no busy line")?;
     for (k, v) in fields(line)? {
+        if let Some(algo) = k.strip_prefix(ALGO_PREFIX) {
+            model.algo_far.set(algo.parse()?, num(&v, &k)?);
+            continue;
+        }
         match k.as_str() {
             "busy_round" => model.busy_round = num(&v, &k)?,
             "busy_share" => model.busy_share = num(&v, &k)?,
@@ -453,7 +481,7 @@ fn measure_pair(ex: &dyn Exchange, partner: usize, leader: bool, memory: bool) -
     // Noise can make a difference of medians zero or negative (a loaded machine saw
     // beta < 0): it is published as it is, and `measured_cost` puts the default in
     // its place, as for any nonsense.
-    Ok(Some(Measured { alpha: small / 2.0, beta, gamma, far, busy_round: None }))
+    Ok(Some(Measured { alpha: small / 2.0, beta, gamma, far, busy_round: None, algo_far: AlgoFar::default() }))
 }
 
 /// Whether `class` is a memory link: `gamma` and `far` are measured for it.
@@ -622,6 +650,7 @@ fn lead(s: &ProbeSetup<'_>, ex: &dyn Exchange, pairs: &Pairs) -> Result<Probed> 
                 gamma: m.gamma.map(|_| cost.gamma),
                 far: m.far.map(|_| cost.far),
                 busy_round: None,
+                algo_far: AlgoFar::default(),
             };
             match write_cache(dir, job.class, &job.key, &kept) {
                 Ok(path) => tracing::debug!(path = %path.display(), "tuner cache written"),

@@ -55,24 +55,56 @@ fn measured_values_stay_near_the_defaults_and_nonsense_falls_back() {
     }
     assert_eq!((sane_far(0.5, 3.5), sane_far(2.0, 3.5), sane_far(20.0, 3.5)), (1.0, 2.0, 8.0));
     let d = CostModel::default().cost(LinkClass::SharedMemory);
-    let m =
-        Measured { alpha: d.alpha * 2.0, beta: f64::NAN, gamma: Some(d.gamma * 1000.0), far: None, busy_round: None };
+    let m = Measured {
+        alpha: d.alpha * 2.0,
+        beta: f64::NAN,
+        gamma: Some(d.gamma * 1000.0),
+        far: None,
+        busy_round: None,
+        algo_far: Default::default(),
+    };
     let c = measured_cost(LinkClass::SharedMemory, &m);
     assert_eq!((c.alpha, c.beta, c.gamma, c.far), (d.alpha * 2.0, d.beta, d.gamma * 10.0, d.far));
     assert_eq!((c.duplex, c.per_host), (d.duplex, d.per_host), "kept from the defaults");
     let t = CostModel::default().cost(LinkClass::Tcp);
-    let c =
-        measured_cost(LinkClass::Tcp, &Measured { alpha: 1e-5, beta: 1e-9, gamma: None, far: None, busy_round: None });
+    let c = measured_cost(
+        LinkClass::Tcp,
+        &Measured { alpha: 1e-5, beta: 1e-9, gamma: None, far: None, busy_round: None, algo_far: Default::default() },
+    );
     assert_eq!((c.alpha, c.beta, c.gamma, c.far), (1e-5, 1e-9, t.gamma, t.far));
 }
 
 #[test]
 fn measured_text_round_trips_and_rejects_garbage() {
-    let m = Measured { alpha: 4.5e-7, beta: 1.0 / 48e9, gamma: Some(1.0 / 41e9), far: None, busy_round: None };
+    let m = Measured {
+        alpha: 4.5e-7,
+        beta: 1.0 / 48e9,
+        gamma: Some(1.0 / 41e9),
+        far: None,
+        busy_round: None,
+        algo_far: Default::default(),
+    };
     assert_eq!(m.to_string().parse::<Measured>().unwrap(), m);
-    for bad in
-        ["", "alpha=1", "alpha=1 beta=x", "alpha=1 beta=inf", "alpha=1 beta=2 zeta=3", "alpha=NaN beta=1", "junk"]
-    {
+    // Per-algorithm factors travel by name; out-of-bounds ones are clamped.
+    let mut with_algos = m;
+    with_algos.algo_far.set(Algorithm::Tree, 0.7);
+    with_algos.algo_far.set(Algorithm::Direct, 1.0 / 3.0);
+    let text = with_algos.to_string();
+    assert!(text.contains(" algo.tree=0.7"), "{text}");
+    assert_eq!(text.parse::<Measured>().unwrap(), with_algos);
+    let clamped: Measured = "alpha=1e-6 beta=2e-11 algo.doubling=40".parse().unwrap();
+    assert_eq!(clamped.algo_far.get(Algorithm::Doubling), AlgoFar::BOUNDS.1);
+    for bad in [
+        "",
+        "alpha=1",
+        "alpha=1 beta=x",
+        "alpha=1 beta=inf",
+        "alpha=1 beta=2 zeta=3",
+        "alpha=NaN beta=1",
+        "junk",
+        "alpha=1 beta=2 algo.spiral=1",
+        "alpha=1 beta=2 algo.tree=x",
+    ] {
         assert!(bad.parse::<Measured>().is_err(), "{bad}");
     }
     // A noisy measurement (a negative difference of medians) parses, and its cost
@@ -85,7 +117,14 @@ fn measured_text_round_trips_and_rejects_garbage() {
 #[test]
 fn the_cache_round_trips_per_key_and_treats_bad_files_as_misses() {
     let dir = temp_dir("cache").join("nested");
-    let m = Measured { alpha: 1e-6, beta: 2e-11, gamma: Some(3e-11), far: Some(2.5), busy_round: None };
+    let m = Measured {
+        alpha: 1e-6,
+        beta: 2e-11,
+        gamma: Some(3e-11),
+        far: Some(2.5),
+        busy_round: None,
+        algo_far: Default::default(),
+    };
     let key = local_key(LinkClass::SharedMemory, "cpu=x", 2, 1);
     assert_eq!(read_cache(&dir, LinkClass::SharedMemory, &key), None, "no directory yet");
     let path = write_cache(&dir, LinkClass::SharedMemory, &key, &m).unwrap();
@@ -115,8 +154,10 @@ fn the_model_text_round_trips_bit_for_bit() {
     let mut model = CostModel::default();
     let d = model.cost(LinkClass::SharedMemory);
     model.set(LinkClass::SharedMemory, LinkCost { alpha: 1.0 / 3.0 * 1e-6, beta: 0.1 / 7e9, far: 2.75, ..d });
+    model.algo_far.set(Algorithm::HalvingDoubling, 1.0 / 7.0 * 3.0);
     let p = Probed { model, source: ProbeSource::Measured };
     assert_eq!(decode_model(&encode_model(&p)).unwrap(), p);
+    assert!(decode_model(&encode_model(&p).replace("algo.halving-doubling", "algo.x")).is_err());
     let builtin = Probed { model: CostModel::default(), source: ProbeSource::Cache };
     assert_eq!(decode_model(&encode_model(&builtin)).unwrap(), builtin);
     let text = encode_model(&p);
