@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """`braid simulate --probed` against measured all-reduce times (medians over runs of
 `braid perf --algo all` JSON lines), per algorithm and size from 1 MiB up.
-Usage: simulate_vs_measured.py RANKS [--oversubscribed] FILE...   (run right after the measurement, so the
-probe cached for this host shape saw the same machine state)"""
+Usage: simulate_vs_measured.py RANKS [SIMULATE ARGS...] FILE.json...   (run right after the
+measurement, so the probe cached for this host shape saw the same machine state; with
+explicit link arguments instead, drop --probed by passing --no-probed)"""
 import json, statistics, subprocess, sys
 from collections import defaultdict
 
 ranks = int(sys.argv[1])
-extra = [a for a in sys.argv[2:] if a.startswith("--")]
-files = [a for a in sys.argv[2:] if not a.startswith("--")]
+# JSON files are measurements; everything else goes to `braid simulate` as it is
+# (e.g. `--hosts 2 --link tcp --gbps 1 --latency-us 3.9` without --probed's cache).
+files = [a for a in sys.argv[2:] if a.endswith(".json")]
+extra = [a for a in sys.argv[2:] if not a.endswith(".json")]
 times = defaultdict(list)
 for path in files:
     for line in open(path):
@@ -16,7 +19,9 @@ for path in files:
         if row["algo"].startswith("auto:") or row["bytes"] < 1 << 20:
             continue
         times[(row["bytes"], row["algo"])].append(row["time_us"])
-out = subprocess.run(["target/release/braid", "simulate", "--probed", "--ranks", str(ranks),
+probed = [] if "--no-probed" in extra else ["--probed"]
+extra = [a for a in extra if a != "--no-probed"]
+out = subprocess.run(["target/release/braid", "simulate", *probed, "--ranks", str(ranks),
                       "-b", "1M", "-e", "64M", *extra], capture_output=True, text=True, check=True).stdout
 lines = [l for l in out.splitlines() if l.strip()]
 header = lines[1].lstrip("#").split()

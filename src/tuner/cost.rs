@@ -308,41 +308,53 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
     let mut done: Vec<Terms> = vec![Terms::default(); n];
     let mut next: Vec<Terms> = vec![Terms::default(); n];
     let hosts = links.hosts.iter().max().map_or(1, |m| m + 1);
-    let mut crossing = vec![0usize; hosts];
+    // Ranks of each host that send (`.0`) and receive (`.1`) across hosts in the
+    // round: a NIC's two directions are shared apart.
+    let mut crossing = vec![(0usize, 0usize); hosts];
     let mut tallies = vec![[Tally::default(); 5]; n];
     // What each rank's call touches: its largest buffer and its scratch.
     let touched: Vec<u64> = schedules.iter().map(|s| (data_bytes(s) + s.scratch_bytes) as u64).collect();
     for t in 0..rounds {
-        crossing.iter_mut().for_each(|c| *c = 0);
+        crossing.iter_mut().for_each(|c| *c = (0, 0));
         for (r, s) in schedules.iter().enumerate() {
             let tally = &mut tallies[r];
             *tally = [Tally::default(); 5];
             let Some(round) = s.rounds.get(t) else { continue };
-            let mut crosses = false;
+            let (mut sends_out, mut receives_in) = (false, false);
+            let across = |p: usize| links.host(r) != links.host(p);
             for step in &round.steps {
-                let Some(p) = step.peer() else { continue };
-                let class = links.class(r, p);
-                crosses |= class == links.remote && links.host(r) != links.host(p);
-                let k = &mut tally[class.index()];
-                k.msgs += 1;
-                match *step {
-                    Step::Send { src, .. } => k.sent += src.len as u64,
-                    Step::Recv { dst, .. } => k.received += dst.len as u64,
-                    Step::RecvReduce { dst, .. } => {
-                        k.received += dst.len as u64;
-                        k.reduced += dst.len as u64;
+                // The receiving half of a step goes by the link it arrives on, the
+                // sending half by the link it leaves on: a ring's forward to the
+                // next host receives inside the host and sends across.
+                let (from, to, len) = match *step {
+                    Step::Send { peer, src } => (None, Some(peer), src.len as u64),
+                    Step::Recv { peer, dst } | Step::RecvReduce { peer, dst, .. } => (Some(peer), None, dst.len as u64),
+                    Step::RecvReduceSend { peer, dst, to, .. } => (Some(peer), Some(to), dst.len as u64),
+                    Step::Copy { .. } | Step::Reduce { .. } => continue,
+                };
+                if let Some(p) = from {
+                    receives_in |= across(p);
+                    let k = &mut tally[links.class(r, p).index()];
+                    k.msgs += 1;
+                    k.received += len;
+                    if !matches!(step, Step::Recv { .. }) {
+                        k.reduced += len;
                     }
-                    Step::RecvReduceSend { dst, .. } => {
-                        k.received += dst.len as u64;
-                        k.reduced += dst.len as u64;
-                        k.sent += dst.len as u64;
+                }
+                if let Some(p) = to {
+                    sends_out |= across(p);
+                    let class = links.class(r, p);
+                    let k = &mut tally[class.index()];
+                    // A fused forward is one step on one link class.
+                    if from.is_none_or(|q| links.class(r, q) != class) {
+                        k.msgs += 1;
                     }
-                    Step::Copy { .. } | Step::Reduce { .. } => {}
+                    k.sent += len;
                 }
             }
-            if crosses {
-                crossing[links.host(r)] += 1;
-            }
+            let c = &mut crossing[links.host(r)];
+            c.0 += usize::from(sends_out);
+            c.1 += usize::from(receives_in);
         }
         for (r, s) in schedules.iter().enumerate() {
             let Some(round) = s.rounds.get(t) else {
@@ -357,14 +369,17 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
                 }
             }
             let mut path = done[from];
-            let mut terms =
-                round_terms(round.steps.as_slice(), &tallies[r], crossing[links.host(r)], touched[r], links, model);
-            if links.busy(r) {
-                terms.beta_s *= model.busy_share;
-                terms.gamma_s *= model.busy_share;
-                if round.steps.iter().any(|s| s.peer().is_some()) {
-                    terms.alpha_s += model.busy_round;
-                }
+            let busy = links.busy(r);
+            let mut terms = round_terms(
+                round.steps.as_slice(),
+                &tallies[r],
+                crossing[links.host(r)],
+                (touched[r], busy),
+                links,
+                model,
+            );
+            if busy && round.steps.iter().any(|s| s.peer().is_some()) {
+                terms.alpha_s += model.busy_round;
             }
             path.add(&terms);
             next[r] = path;
@@ -384,17 +399,21 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
 }
 
 /// The terms of one rank's round: local work, then the slowest class of its
-/// concurrent transfers.
+/// concurrent transfers. `crossing` counts the ranks of its host sending and
+/// receiving across hosts in the round; `busy`, whether its host's ranks share
+/// cores, which slows what the cores do (copies, reductions, memory links), not
+/// what a NIC does.
 fn round_terms(
     steps: &[Step],
     tally: &[Tally; 5],
-    crossing: usize,
-    touched: u64,
+    crossing: (usize, usize),
+    (touched, busy): (u64, bool),
     links: &Links<'_>,
     model: &CostModel,
 ) -> Terms {
+    let cores = if busy { model.busy_share } else { 1.0 };
     let local = model.cost(links.local);
-    let local_gamma = local.gamma * model.slowdown(&local, touched);
+    let local_gamma = local.gamma * model.slowdown(&local, touched) * cores;
     let mut t = Terms::default();
     for s in steps {
         if let Step::Copy { dst, .. } | Step::Reduce { dst, .. } = s {
@@ -409,16 +428,22 @@ fn round_terms(
             continue;
         }
         let c = model.cost(class);
-        let moved = if c.duplex { k.sent.max(k.received) } else { k.sent + k.received };
-        let share = if c.per_host && class == links.remote { crossing.max(1) as f64 } else { 1.0 };
+        let (out, inn) = if c.per_host && class == links.remote {
+            (crossing.0.max(1) as f64, crossing.1.max(1) as f64)
+        } else {
+            (1.0, 1.0)
+        };
+        let (sent, received) = (k.sent as f64 * out, k.received as f64 * inn);
+        let moved = if c.duplex { sent.max(received) } else { sent + received };
         let slow = model.slowdown(&c, touched);
+        let wire_cores = if c.duplex { 1.0 } else { cores };
         let this = Terms {
             steps: k.msgs,
             wire_bytes: k.sent + k.received,
             reduced_bytes: k.reduced,
             alpha_s: k.msgs as f64 * c.alpha,
-            beta_s: moved as f64 * c.beta * share * slow,
-            gamma_s: k.reduced as f64 * c.gamma * slow,
+            beta_s: moved * c.beta * slow * wire_cores,
+            gamma_s: k.reduced as f64 * c.gamma * slow * cores,
         };
         if this.seconds() > slowest.seconds() {
             slowest = this;

@@ -112,6 +112,45 @@ fn memory_links_pay_both_directions_and_nics_are_shared_by_a_host() {
     assert!((shared.seconds() - (2.0 + 2.0)).abs() < 1e-9, "{shared:?}");
 }
 
+/// A NIC's directions are shared apart: one rank of a host sending across while
+/// another receives do not slow each other. A host-ordered ring over two hosts
+/// sends `1.5 S` each way through each NIC, hierarchical `S` (its two lanes share
+/// each direction): on the wire alone, the ring takes 1.5x as long.
+#[test]
+fn nic_directions_are_shared_apart_and_a_ring_across_hosts_pays_one_and_a_half() {
+    let r = |len| Region::new(BufId::Output, 0, len);
+    let m = unit_model();
+    let hosts = [0, 0, 1, 1];
+    let links = Links { hosts: &hosts, local: LinkClass::SharedMemory, remote: LinkClass::Tcp, busy: &[] };
+    // Rank 1 sends to host 1 while rank 0 receives from it: 100 bytes each way.
+    let s = vec![
+        sched(vec![vec![Step::Recv { peer: 3, dst: r(100) }]]),
+        sched(vec![vec![Step::Send { peer: 2, src: r(100) }]]),
+        sched(vec![vec![Step::Recv { peer: 1, dst: r(100) }]]),
+        sched(vec![vec![Step::Send { peer: 0, src: r(100) }]]),
+    ];
+    let t = predict(&s, &links, &m);
+    assert!((t.seconds() - (1.0 + 1.0)).abs() < 1e-9, "{t:?}");
+    // Wire costs only: the ring against hierarchical.
+    let mut wire = CostModel::default();
+    let tcp = wire.cost(LinkClass::Tcp);
+    wire.set(LinkClass::Tcp, LinkCost { alpha: 0.0, gamma: 0.0, ..tcp });
+    let shm = wire.cost(LinkClass::SharedMemory);
+    wire.set(LinkClass::SharedMemory, LinkCost { alpha: 0.0, beta: 0.0, gamma: 0.0, ..shm });
+    let call = Call { op: OpKind::AllReduce, count: 1 << 22, elem_size: 4, root: 0, hosts: &hosts, busy: &[] };
+    let beta = |a| {
+        let s = plan_all(&call, a, &PlanParams::default()).unwrap();
+        predict(&s, &links, &wire).beta_s / ((4usize << 22) as f64 * tcp.beta)
+    };
+    let (ring, hier) = (beta(Algorithm::Ring), beta(Algorithm::Hierarchical));
+    assert!((ring - 1.5).abs() < 1e-6, "ring sends {ring} S each way");
+    assert!((hier - 1.0).abs() < 1e-6, "hierarchical sends {hier} S each way");
+    // A busy host's shared cores slow its copies, not its NIC.
+    let busy_links = Links { busy: &[true, true], ..links };
+    let s = plan_all(&call, Algorithm::Ring, &PlanParams::default()).unwrap();
+    assert_eq!(predict(&s, &busy_links, &wire).beta_s, predict(&s, &links, &wire).beta_s);
+}
+
 fn pick(op: OpKind, bytes: usize, hosts: &[usize], local: LinkClass) -> Algorithm {
     let tuner = Tuner::new(AlgoPolicy::auto(), LinkPair { local, remote: LinkClass::Tcp });
     tuner.pick(&Call { op, count: bytes / 4, elem_size: 4, root: 0, hosts, busy: &[] }).unwrap()
