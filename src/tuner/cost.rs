@@ -13,7 +13,9 @@
 //! What the model leaves out, on purpose: pipelining inside one transfer (the
 //! executor overlaps the pieces of a long message, which a larger `beta` absorbs)
 //! and memory contention between ranks of one host (only links that a host shares,
-//! a NIC, divide their bandwidth among the ranks using them in the same round).
+//! a NIC, divide their bandwidth among the ranks using them in the same round, each
+//! direction apart, fairly: a transfer waits for the bytes of the others up to its
+//! own).
 
 use std::fmt;
 use std::str::FromStr;
@@ -98,7 +100,7 @@ pub struct LinkCost {
     /// duplex: the CPU that copies in is the one that copies out.
     pub duplex: bool,
     /// One link per host that its ranks share (a NIC): ranks of a host that cross it
-    /// in the same round divide its bandwidth.
+    /// in the same direction in the same round divide that direction's bandwidth.
     pub per_host: bool,
     /// How much slower `beta` and `gamma` get once a call's data no longer fits in
     /// cache: 1 at [`CostModel::cache_bytes`] per rank and below, this factor from
@@ -308,9 +310,11 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
     let mut done: Vec<Terms> = vec![Terms::default(); n];
     let mut next: Vec<Terms> = vec![Terms::default(); n];
     let hosts = links.hosts.iter().max().map_or(1, |m| m + 1);
-    // Ranks of each host that send (`.0`) and receive (`.1`) across hosts in the
-    // round: a NIC's two directions are shared apart.
-    let mut crossing = vec![(0usize, 0usize); hosts];
+    // Bytes each rank sends (`.0`) and receives (`.1`) across hosts in the round,
+    // and the ranks of each host: a NIC's two directions are shared apart.
+    let mut crossing = vec![(0u64, 0u64); n];
+    let mut members = vec![Vec::new(); hosts];
+    (0..n).for_each(|r| members[links.host(r)].push(r));
     let mut tallies = vec![[Tally::default(); 5]; n];
     // What each rank's call touches: its largest buffer and its scratch.
     let touched: Vec<u64> = schedules.iter().map(|s| (data_bytes(s) + s.scratch_bytes) as u64).collect();
@@ -320,7 +324,7 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
             let tally = &mut tallies[r];
             *tally = [Tally::default(); 5];
             let Some(round) = s.rounds.get(t) else { continue };
-            let (mut sends_out, mut receives_in) = (false, false);
+            let (mut sends_out, mut receives_in) = (0, 0);
             let across = |p: usize| links.host(r) != links.host(p);
             for step in &round.steps {
                 // The receiving half of a step goes by the link it arrives on, the
@@ -333,7 +337,7 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
                     Step::Copy { .. } | Step::Reduce { .. } => continue,
                 };
                 if let Some(p) = from {
-                    receives_in |= across(p);
+                    receives_in += if across(p) { len } else { 0 };
                     let k = &mut tally[links.class(r, p).index()];
                     k.msgs += 1;
                     k.received += len;
@@ -342,7 +346,7 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
                     }
                 }
                 if let Some(p) = to {
-                    sends_out |= across(p);
+                    sends_out += if across(p) { len } else { 0 };
                     let class = links.class(r, p);
                     let k = &mut tally[class.index()];
                     // A fused forward is one step on one link class.
@@ -352,9 +356,7 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
                     k.sent += len;
                 }
             }
-            let c = &mut crossing[links.host(r)];
-            c.0 += usize::from(sends_out);
-            c.1 += usize::from(receives_in);
+            crossing[r] = (sends_out, receives_in);
         }
         for (r, s) in schedules.iter().enumerate() {
             let Some(round) = s.rounds.get(t) else {
@@ -370,14 +372,17 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
             }
             let mut path = done[from];
             let busy = links.busy(r);
-            let mut terms = round_terms(
-                round.steps.as_slice(),
-                &tallies[r],
-                crossing[links.host(r)],
-                (touched[r], busy),
-                links,
-                model,
+            // Through a shared NIC a transfer ends once every transfer of the host in
+            // the same direction has moved as many bytes as it, or finished (fair
+            // sharing): the largest waits for the host's total.
+            let host = &members[links.host(r)];
+            let (mine_out, mine_in) = crossing[r];
+            let nic = (
+                host.iter().map(|&q| crossing[q].0.min(mine_out)).sum::<u64>(),
+                host.iter().map(|&q| crossing[q].1.min(mine_in)).sum::<u64>(),
             );
+            let extra = (nic.0 - mine_out, nic.1 - mine_in);
+            let mut terms = round_terms(round.steps.as_slice(), &tallies[r], extra, (touched[r], busy), links, model);
             if busy && round.steps.iter().any(|s| s.peer().is_some()) {
                 terms.alpha_s += model.busy_round;
             }
@@ -399,14 +404,14 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
 }
 
 /// The terms of one rank's round: local work, then the slowest class of its
-/// concurrent transfers. `crossing` counts the ranks of its host sending and
-/// receiving across hosts in the round; `busy`, whether its host's ranks share
-/// cores, which slows what the cores do (copies, reductions, memory links), not
-/// what a NIC does.
+/// concurrent transfers. `shared` is what the other ranks of its host add to its
+/// own bytes through their NIC, out and in (see `predict`); `busy`, whether its
+/// host's ranks share cores, which slows what the cores do (copies, reductions,
+/// memory links), not what a NIC does.
 fn round_terms(
     steps: &[Step],
     tally: &[Tally; 5],
-    crossing: (usize, usize),
+    shared: (u64, u64),
     (touched, busy): (u64, bool),
     links: &Links<'_>,
     model: &CostModel,
@@ -428,13 +433,12 @@ fn round_terms(
             continue;
         }
         let c = model.cost(class);
-        let (out, inn) = if c.per_host && class == links.remote {
-            (crossing.0.max(1) as f64, crossing.1.max(1) as f64)
+        let (sent, received) = if c.per_host && class == links.remote {
+            (k.sent + shared.0, k.received + shared.1)
         } else {
-            (1.0, 1.0)
+            (k.sent, k.received)
         };
-        let (sent, received) = (k.sent as f64 * out, k.received as f64 * inn);
-        let moved = if c.duplex { sent.max(received) } else { sent + received };
+        let moved = (if c.duplex { sent.max(received) } else { sent + received }) as f64;
         let slow = model.slowdown(&c, touched);
         let wire_cores = if c.duplex { 1.0 } else { cores };
         let this = Terms {

@@ -131,6 +131,20 @@ fn nic_directions_are_shared_apart_and_a_ring_across_hosts_pays_one_and_a_half()
     ];
     let t = predict(&s, &links, &m);
     assert!((t.seconds() - (1.0 + 1.0)).abs() < 1e-9, "{t:?}");
+    // Ranks 0 and 1 both send across, 100 and 300 bytes: shared fairly, the larger
+    // ends when the NIC has carried all 400, the smaller after 200.
+    let to = |peer, len| sched(vec![vec![Step::Send { peer, src: r(len) }]]);
+    let from = |peer, len| sched(vec![vec![Step::Recv { peer, dst: r(len) }]]);
+    let s = vec![to(2, 100), to(3, 300), from(0, 100), from(1, 300)];
+    let t = predict(&s, &links, &m);
+    assert!((t.seconds() - (1.0 + 4.0)).abs() < 1e-9, "{t:?}");
+    // The smaller one's 200 shows where it is on the path: a second round after it.
+    let then = |peer, len| {
+        sched(vec![vec![Step::Send { peer, src: r(len) }], vec![Step::Copy { src: r(3000), dst: r(3000) }]])
+    };
+    let s = vec![then(2, 100), to(3, 300), from(0, 100), from(1, 300)];
+    let t = predict(&s, &links, &m);
+    assert!((t.seconds() - (1.0 + 2.0 + 3.0)).abs() < 1e-9, "{t:?}");
     // Wire costs only: the ring against hierarchical.
     let mut wire = CostModel::default();
     let tcp = wire.cost(LinkClass::Tcp);
