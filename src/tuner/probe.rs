@@ -272,12 +272,24 @@ pub(crate) fn sane_far(value: f64, default: f64) -> f64 {
     }
 }
 
+/// A measured network `beta` kept within `[0.01x, 100x]` of `default`; the
+/// default for nonsense. Networks differ far more than memory does: the built-in
+/// TCP link is 10 Gbit/s, and a 1 Gbit/s one (8.6e-9 s a byte of payload, measured
+/// over the emulated hosts) sat just past `sane`'s 10x and was priced at the clamp.
+pub(crate) fn sane_wire(value: f64, default: f64) -> f64 {
+    if !value.is_finite() || value <= 0.0 {
+        return default;
+    }
+    value.clamp(default * 0.01, default * 100.0)
+}
+
 /// The costs of `class` with what was measured (sanitised against the defaults).
 pub(crate) fn measured_cost(class: LinkClass, m: &Measured) -> LinkCost {
     let d = CostModel::default().cost(class);
+    let beta = if memory_class(class) { sane(m.beta, d.beta) } else { sane_wire(m.beta, d.beta) };
     LinkCost {
         alpha: sane(m.alpha, d.alpha),
-        beta: sane(m.beta, d.beta),
+        beta,
         gamma: m.gamma.map_or(d.gamma, |g| sane(g, d.gamma)),
         far: m.far.map_or(d.far, |f| sane_far(f, d.far)),
         ..d

@@ -72,6 +72,22 @@ fn measured_values_stay_near_the_defaults_and_nonsense_falls_back() {
         &Measured { alpha: 1e-5, beta: 1e-9, gamma: None, far: None, busy_round: None, algo_far: Default::default() },
     );
     assert_eq!((c.alpha, c.beta, c.gamma, c.far), (1e-5, 1e-9, t.gamma, t.far));
+    // A 1 Gbit/s link (what the emulated hosts measured) keeps its own speed; a
+    // 100 Mbit/s one too; only past 100x of the default is it clamped.
+    let wire = |beta| {
+        let m = Measured { alpha: 1e-5, beta, gamma: None, far: None, busy_round: None, algo_far: Default::default() };
+        measured_cost(LinkClass::Tcp, &m).beta
+    };
+    assert_eq!(wire(8.585874557495117e-9), 8.585874557495117e-9);
+    assert_eq!(wire(8e-8), 8e-8);
+    assert_eq!(wire(1.0), t.beta * 100.0);
+    assert_eq!(wire(f64::NAN), t.beta);
+    // Memory links keep the narrower bounds.
+    let shm = |beta| {
+        let m = Measured { alpha: 1e-6, beta, gamma: None, far: None, busy_round: None, algo_far: Default::default() };
+        measured_cost(LinkClass::SharedMemory, &m).beta
+    };
+    assert_eq!(shm(d.beta * 50.0), d.beta * 10.0);
 }
 
 #[test]
