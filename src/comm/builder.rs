@@ -428,7 +428,7 @@ fn calibrate(
     class: crate::tuner::LinkClass,
     setup: &crate::tuner::probe::ProbeSetup,
 ) -> Result<()> {
-    use crate::tuner::calibrate::{fit, tiny_bytes, Times, FAR_BYTES, NEAR_BYTES, TIMED_ALGORITHMS};
+    use crate::tuner::calibrate::{fit, tiny_bytes, worth_timing, Times, FAR_BYTES, NEAR_BYTES, TIMED_ALGORITHMS};
     let time = |bytes: usize, warm: usize, reps: usize| -> Result<f64> {
         // Each call starts from freshly written data, as a training step's gradients
         // do (and `braid perf`'s calls): a buffer reduced over and over stays in a
@@ -450,6 +450,10 @@ fn calibrate(
         Ok(times[times.len() / 2])
     };
     let world = comm.world_size();
+    let (model, busy) = {
+        let e = comm.core.shared.lock_engine();
+        (e.tuner.model, e.busy_hosts.first().copied().unwrap_or(false))
+    };
     comm.set_deterministic(false);
     comm.set_algorithm(Some(Algorithm::Ring));
     // Warm-ups long enough for the copy policy's first trials to settle.
@@ -461,6 +465,9 @@ fn calibrate(
             algos: [0.0; TIMED_ALGORITHMS.len()],
         };
         for (a, slot) in TIMED_ALGORITHMS.iter().zip(&mut t.algos) {
+            if !worth_timing(*a, &model, class, world, busy) {
+                continue;
+            }
             comm.set_algorithm(Some(*a));
             // Past the ring writers' first trials of both kinds of store, which
             // each algorithm makes for itself (see `stream_copy::PATTERNS`).
@@ -471,10 +478,7 @@ fn calibrate(
     comm.set_algorithms(cfg.algorithms.clone());
     comm.set_deterministic(cfg.deterministic);
     let times: Times = timed?;
-    let (mut model, busy) = {
-        let e = comm.core.shared.lock_engine();
-        (e.tuner.model, e.busy_hosts.first().copied().unwrap_or(false))
-    };
+    let mut model = model;
     let fitted = fit(&model, class, world, busy, times);
     let cost = fitted.cost;
     model.set(class, cost);

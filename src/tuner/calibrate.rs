@@ -60,6 +60,19 @@ fn terms_of(
 pub const TIMED_ALGORITHMS: [Algorithm; 4] =
     [Algorithm::Tree, Algorithm::HalvingDoubling, Algorithm::Direct, Algorithm::Doubling];
 
+/// An algorithm predicted more than this many times the ring's time at
+/// [`FAR_BYTES`] is not timed (its factor stays 1): nothing would pick it there, and
+/// the calibration's cost must not grow with the world (direct sends `world - 1`
+/// whole buffers a rank: 4 ranks on 2 cores took 43 ms a call against the ring's 14).
+pub const MAX_TIMED_RATIO: f64 = 4.0;
+
+/// Whether a calibration on one host of `world` ranks times `algorithm`: predicted
+/// with `model` at [`FAR_BYTES`], it is within [`MAX_TIMED_RATIO`] of the ring.
+pub fn worth_timing(algorithm: Algorithm, model: &CostModel, class: LinkClass, world: usize, busy: bool) -> bool {
+    let at = |a| terms_of(a, model, class, world, busy, FAR_BYTES).seconds();
+    at(algorithm) <= MAX_TIMED_RATIO * at(Algorithm::Ring)
+}
+
 /// What a calibration fits: the class's costs and, on a host whose ranks
 /// outnumber its cores, the cost of a round there.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -233,6 +246,19 @@ mod tests {
             assert!(close(got.cost.gamma, want.gamma), "world {world}: gamma");
             assert!((got.cost.far - 2.2).abs() < 1e-3, "world {world}: far {}", got.cost.far);
         }
+    }
+
+    /// Small worlds time every algorithm; large ones skip what sends whole buffers to
+    /// every rank, whose calls would make the start-up grow with the world.
+    #[test]
+    fn calibration_times_only_algorithms_near_the_ring() {
+        let m = CostModel::default();
+        let class = LinkClass::SharedMemory;
+        for a in TIMED_ALGORITHMS {
+            assert!(worth_timing(a, &m, class, 2, false), "{a} at 2 ranks");
+        }
+        assert!(!worth_timing(Algorithm::Direct, &m, class, 16, false), "direct at 16 ranks");
+        assert!(worth_timing(Algorithm::Tree, &m, class, 16, false), "tree at 16 ranks");
     }
 
     /// An algorithm's factor prices only calls inside one host over memory links,
