@@ -311,15 +311,19 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
     let mut next: Vec<Terms> = vec![Terms::default(); n];
     let hosts = links.hosts.iter().max().map_or(1, |m| m + 1);
     // Bytes each rank sends (`.0`) and receives (`.1`) across hosts in the round,
-    // and the ranks of each host: a NIC's two directions are shared apart.
+    // and per host the nonzero ones of each direction: a NIC's two directions are
+    // shared apart, among the few ranks that cross in a round.
     let mut crossing = vec![(0u64, 0u64); n];
-    let mut members = vec![Vec::new(); hosts];
-    (0..n).for_each(|r| members[links.host(r)].push(r));
+    let mut nics: Vec<(Vec<u64>, Vec<u64>)> = vec![Default::default(); hosts];
     let mut tallies = vec![[Tally::default(); 5]; n];
     // What each rank's call touches: its largest buffer and its scratch.
     let touched: Vec<u64> = schedules.iter().map(|s| (data_bytes(s) + s.scratch_bytes) as u64).collect();
     for t in 0..rounds {
         crossing.iter_mut().for_each(|c| *c = (0, 0));
+        nics.iter_mut().for_each(|(o, i)| {
+            o.clear();
+            i.clear();
+        });
         for (r, s) in schedules.iter().enumerate() {
             let tally = &mut tallies[r];
             *tally = [Tally::default(); 5];
@@ -357,6 +361,13 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
                 }
             }
             crossing[r] = (sends_out, receives_in);
+            let nic = &mut nics[links.host(r)];
+            if sends_out > 0 {
+                nic.0.push(sends_out);
+            }
+            if receives_in > 0 {
+                nic.1.push(receives_in);
+            }
         }
         for (r, s) in schedules.iter().enumerate() {
             let Some(round) = s.rounds.get(t) else {
@@ -375,13 +386,10 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
             // Through a shared NIC a transfer ends once every transfer of the host in
             // the same direction has moved as many bytes as it, or finished (fair
             // sharing): the largest waits for the host's total.
-            let host = &members[links.host(r)];
+            let (outs, ins) = &nics[links.host(r)];
             let (mine_out, mine_in) = crossing[r];
-            let nic = (
-                host.iter().map(|&q| crossing[q].0.min(mine_out)).sum::<u64>(),
-                host.iter().map(|&q| crossing[q].1.min(mine_in)).sum::<u64>(),
-            );
-            let extra = (nic.0 - mine_out, nic.1 - mine_in);
+            let through = |all: &[u64], mine: u64| all.iter().map(|&x| x.min(mine)).sum::<u64>() - mine;
+            let extra = (through(outs, mine_out), through(ins, mine_in));
             let mut terms = round_terms(round.steps.as_slice(), &tallies[r], extra, (touched[r], busy), links, model);
             if busy && round.steps.iter().any(|s| s.peer().is_some()) {
                 terms.alpha_s += model.busy_round;
