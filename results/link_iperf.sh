@@ -8,15 +8,8 @@ out=$1; shift; mkdir -p "$out"
 base=ip-$$
 cleanup() { ip netns del $base-a 2>/dev/null; ip netns del $base-b 2>/dev/null; }
 trap cleanup EXIT
-ip netns add $base-a; ip netns add $base-b
-ip link add eth0 netns $base-a type veth peer name eth0 netns $base-b
-i=1
-for ns in $base-a $base-b; do
-  ip -n $ns addr add 10.80.0.$i/24 dev eth0; ip -n $ns link set eth0 up; ip -n $ns link set lo up
-  ip netns exec $ns tc qdisc add dev eth0 root handle 1: htb default 10 2>/dev/null
-  ip netns exec $ns tc class add dev eth0 parent 1: classid 1:10 htb rate 1gbit ceil 1gbit 2>/dev/null
-  i=$((i+1))
-done
+. "$(dirname "$0")/emulated_link.sh"
+QDISC=htb emulated_link "$base" 10.80.0
 ip netns exec $base-b taskset -c 1 iperf3 -s -D -1 -p 5201 >/dev/null 2>&1
 ip netns exec $base-b taskset -c 1 iperf3 -s -D -1 -p 5202 >/dev/null 2>&1
 sleep 0.5

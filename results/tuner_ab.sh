@@ -32,19 +32,8 @@ twohost)
   holders=()
   cleanup() { for p in "${holders[@]}"; do kill "$p" 2>/dev/null || true; done; ip netns del $base-a 2>/dev/null || true; ip netns del $base-b 2>/dev/null || true; }
   trap cleanup EXIT
-  ip netns add $base-a; ip netns add $base-b
-  ip link add eth0 netns $base-a type veth peer name eth0 netns $base-b
-  i=1
-  for ns in $base-a $base-b; do
-    ip -n $ns addr add 10.78.0.$i/24 dev eth0; ip -n $ns link set eth0 up; ip -n $ns link set lo up
-    if [ "${QDISC:-tbf}" = htb ]; then
-      ip netns exec $ns tc qdisc add dev eth0 root handle 1: htb default 10
-      ip netns exec $ns tc class add dev eth0 parent 1: classid 1:10 htb rate 1gbit ceil 1gbit ${BURST:+burst $BURST cburst $BURST}
-    else
-      ip netns exec $ns tc qdisc add dev eth0 root tbf rate 1gbit burst "${BURST:-256kb}" latency 100ms
-    fi
-    i=$((i+1))
-  done
+  . "$(dirname "$0")/emulated_link.sh"
+  emulated_link "$base" 10.78.0
   for ns in $base-a $base-b; do
     fifo=$(mktemp -u); mkfifo "$fifo"
     ip netns exec $ns unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=4g,mode=1777 tmpfs /dev/shm && echo $$ && exec sleep 3600' > "$fifo" &
