@@ -475,6 +475,12 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Untimed calls at each size before `--algo all` times its rotation.
 const SETTLE_CALLS: usize = 10;
+/// Passes of `--algo all`'s rotation at each size: each algorithm's timed calls are
+/// cut into this many blocks that alternate with the others', so a drift of the
+/// machine while a size is swept spreads over every algorithm instead of landing on
+/// whichever ran at that moment (4 ranks on 2 cores: the tuner's own calls of an
+/// algorithm differed from the same algorithm forced by up to 1.33x in one block each).
+const ROTATION_PASSES: usize = 5;
 
 /// Run the sweep on this rank; rank 0 prints. Returns the total of wrong elements.
 fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
@@ -569,8 +575,8 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             println!("# device buffers: {}", names.join(" "));
         }
     }
-    for (size, forced) in sizes(a).into_iter().flat_map(|s| rotation.iter().map(move |f| (s, *f))) {
-        if rotating && forced.is_none() {
+    for size in sizes(a) {
+        if rotating {
             // The first calls of a new size pay for what later ones reuse (the
             // engine's scratch growing, the copy policy's first trials for the size):
             // untimed calls first, so the algorithm that happens to come first at
@@ -583,9 +589,6 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
                     run(comm, a, &mut c)?;
                 }
             }
-        }
-        if rotating {
-            comm.set_algorithm(forced);
         }
         let mut c = case(comm, a, size, device.as_ref())?;
         if c.sig.count == 0 && a.op != OpKind::Barrier {
@@ -601,62 +604,80 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
                 20
             })
             .max(1);
-        let picked = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
-        let algo = if rotating && forced.is_none() { format!("auto:{picked}") } else { picked.to_string() };
-        let mut times = Vec::with_capacity(iters);
-        for it in 0..a.warmup + iters {
-            prepare(a, &mut c)?;
-            comm.barrier()?;
-            let t0 = Instant::now();
-            run(comm, a, &mut c)?;
-            let dt = t0.elapsed().as_secs_f64();
-            if it >= a.warmup {
-                times.push(dt);
+        let passes = if rotating { ROTATION_PASSES.min(iters) } else { 1 };
+        // Per entry of the rotation: its label, its times, its wrong elements.
+        let mut rows: Vec<(String, Vec<f64>, Option<u64>)> = Vec::with_capacity(rotation.len());
+        for pass in 0..passes {
+            let timed = iters / passes + usize::from(pass < iters % passes);
+            // Every block after the first starts with one untimed call: the call
+            // after another algorithm's pays for its access pattern, which a run of
+            // one algorithm never does.
+            let warmup = if pass == 0 { a.warmup } else { a.warmup.min(1) };
+            for (i, forced) in rotation.iter().enumerate() {
+                if rotating {
+                    comm.set_algorithm(*forced);
+                }
+                if pass == 0 {
+                    let picked = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
+                    let label =
+                        if rotating && forced.is_none() { format!("auto:{picked}") } else { picked.to_string() };
+                    rows.push((label, Vec::with_capacity(iters), None));
+                }
+                for it in 0..warmup + timed {
+                    prepare(a, &mut c)?;
+                    comm.barrier()?;
+                    let t0 = Instant::now();
+                    run(comm, a, &mut c)?;
+                    let dt = t0.elapsed().as_secs_f64();
+                    if it >= warmup {
+                        rows[i].1.push(dt);
+                    }
+                }
+                if a.check && pass + 1 == passes {
+                    let mut w = [check(comm, a, &mut c)? as i64];
+                    comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
+                    rows[i].2 = Some(w[0] as u64);
+                }
             }
         }
-        // The op's time is the slowest rank's, per iteration.
-        comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
-        let t = median(&mut times);
-        let wrong = if a.check {
-            let mut w = [check(comm, a, &mut c)? as i64];
-            comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
-            Some(w[0] as u64)
-        } else {
-            None
-        };
-        total_wrong += wrong.unwrap_or(0);
-        let algbw = if t > 0.0 { c.bytes as f64 / t / 1e9 } else { 0.0 };
-        let busbw = algbw * busbw_factor(a.op, n);
-        busbw_sum += busbw;
-        sizes_done += 1;
-        if rank == 0 {
-            let root = if a.op.rooted() { a.root.to_string() } else { "-1".into() };
-            let redop = if a.op.reduces() { a.reduce_op.name() } else { "none" };
-            let w = wrong.map(|w| w.to_string()).unwrap_or_else(|| "N/A".into());
-            println!(
-                "  {:>12} {:>12} {:>6} {:>6} {:>5} {:>10.2} {:>11.3} {:>11.3} {:>7} {:>6}",
-                c.bytes,
-                c.sig.count,
-                a.dtype.name(),
-                redop,
-                root,
-                t * 1e6,
-                algbw,
-                busbw,
-                w,
-                algo
-            );
-            let _ = std::io::stdout().flush();
-            let line = serde_json::json!({
-                "op": a.op.name(), "bytes": c.bytes, "count": c.sig.count, "dtype": a.dtype.name(),
-                "ranks": n, "transport": transport_name, "algo": algo, "time_us": t * 1e6,
-                "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
-            });
-            if let Some(f) = json.as_mut() {
-                writeln!(f, "{line}").map_err(|e| braid::Error::io("writing --json", e))?;
-            }
-            if a.plot.is_some() {
-                plot_rows.push(plot::Row::from_json(&line).map_err(braid::Error::InvalidArgument)?);
+        for (algo, mut times, wrong) in rows {
+            // The op's time is the slowest rank's, per iteration.
+            comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
+            let t = median(&mut times);
+            total_wrong += wrong.unwrap_or(0);
+            let algbw = if t > 0.0 { c.bytes as f64 / t / 1e9 } else { 0.0 };
+            let busbw = algbw * busbw_factor(a.op, n);
+            busbw_sum += busbw;
+            sizes_done += 1;
+            if rank == 0 {
+                let root = if a.op.rooted() { a.root.to_string() } else { "-1".into() };
+                let redop = if a.op.reduces() { a.reduce_op.name() } else { "none" };
+                let w = wrong.map(|w| w.to_string()).unwrap_or_else(|| "N/A".into());
+                println!(
+                    "  {:>12} {:>12} {:>6} {:>6} {:>5} {:>10.2} {:>11.3} {:>11.3} {:>7} {:>6}",
+                    c.bytes,
+                    c.sig.count,
+                    a.dtype.name(),
+                    redop,
+                    root,
+                    t * 1e6,
+                    algbw,
+                    busbw,
+                    w,
+                    algo
+                );
+                let _ = std::io::stdout().flush();
+                let line = serde_json::json!({
+                    "op": a.op.name(), "bytes": c.bytes, "count": c.sig.count, "dtype": a.dtype.name(),
+                    "ranks": n, "transport": transport_name, "algo": algo, "time_us": t * 1e6,
+                    "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
+                });
+                if let Some(f) = json.as_mut() {
+                    writeln!(f, "{line}").map_err(|e| braid::Error::io("writing --json", e))?;
+                }
+                if a.plot.is_some() {
+                    plot_rows.push(plot::Row::from_json(&line).map_err(braid::Error::InvalidArgument)?);
+                }
             }
         }
     }
