@@ -87,7 +87,8 @@ pub struct Fitted {
 
 /// Ring all-reduce times measured on one host of `world` ranks: `tiny` seconds for
 /// [`tiny_bytes`], `near` for [`NEAR_BYTES`], `far` for [`FAR_BYTES`]; and the
-/// times of the [`TIMED_ALGORITHMS`] at [`FAR_BYTES`], in that order.
+/// times of the [`TIMED_ALGORITHMS`] at [`NEAR_BYTES`] and at [`FAR_BYTES`], in that
+/// order.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Times {
     /// Latency-bound call.
@@ -98,6 +99,8 @@ pub struct Times {
     pub far: f64,
     /// The other algorithms far past the cache (not positive: not timed).
     pub algos: [f64; TIMED_ALGORITHMS.len()],
+    /// The other algorithms in cache (not positive: not timed).
+    pub algos_near: [f64; TIMED_ALGORITHMS.len()],
 }
 
 /// The largest `x` in `[lo, hi]` whose prediction stays below `target`
@@ -124,6 +127,8 @@ const FIT_ROUNDS: usize = 8;
 /// from `far`. Times that are not positive leave their parameter as it was.
 pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times: Times) -> Fitted {
     let mut m = *model;
+    // Every factor is fitted afresh below, on top of the ring's costs.
+    m.algo_far = AlgoFar::default();
     // From the built-in ratio of beta to gamma, which was fitted to ring and direct
     // all-reduce together: scaling it keeps the algorithms' relative prices (a probed
     // gamma, a local sum in cache, is far faster than the reductions that stream from
@@ -191,21 +196,33 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
     };
     m.set(class, cost);
     m.busy_round = sane(m.busy_round, CostModel::default().busy_round);
-    // Each other algorithm's factor, on top of the ring's fit as installed.
-    let mut algo_far = AlgoFar::default();
-    for (&a, &t) in TIMED_ALGORITHMS.iter().zip(&times.algos) {
-        if ok(t) {
+    // Each other algorithm's factors, on top of the ring's fit as installed. Where a
+    // call is partly past the cache at one size (an algorithm with scratch, or cores
+    // shared), both factors weigh on both times: a few alternations settle them.
+    let (lo, hi) = AlgoFar::BOUNDS;
+    for ((&a, &near), &far) in
+        (0..FIT_ROUNDS).flat_map(|_| TIMED_ALGORITHMS.iter().zip(&times.algos_near).zip(&times.algos))
+    {
+        if ok(near) {
             let base = m;
-            let (lo, hi) = AlgoFar::BOUNDS;
-            let factor = solve(lo, hi, t, |f| {
+            let factor = solve(lo, hi, near, |f| {
+                let mut with = base;
+                with.algo_far.set_near(a, f);
+                terms_of(a, &with, class, world, busy, NEAR_BYTES).seconds()
+            });
+            m.algo_far.set_near(a, factor);
+        }
+        if ok(far) {
+            let base = m;
+            let factor = solve(lo, hi, far, |f| {
                 let mut with = base;
                 with.algo_far.set(a, f);
                 terms_of(a, &with, class, world, busy, FAR_BYTES).seconds()
             });
-            algo_far.set(a, factor);
+            m.algo_far.set(a, factor);
         }
     }
-    Fitted { cost, busy_round: m.busy_round, algo_far }
+    Fitted { cost, busy_round: m.busy_round, algo_far: m.algo_far }
 }
 
 #[cfg(test)]
@@ -226,16 +243,22 @@ mod tests {
             let alpha = if busy { c.alpha } else { 0.8e-6 };
             truth.set(class, LinkCost { alpha, beta: c.beta * 1.7, gamma: c.gamma * 1.7, far: 2.2, ..c });
             let factors = [0.6, 1.3, 2.0, 0.45];
-            for (&a, &f) in TIMED_ALGORITHMS.iter().zip(&factors) {
+            let near_factors = [1.25, 0.8, 1.0, 1.6];
+            for ((&a, &f), &n) in TIMED_ALGORITHMS.iter().zip(&factors).zip(&near_factors) {
                 truth.algo_far.set(a, f);
+                truth.algo_far.set_near(a, n);
             }
             let at = |bytes| ring_terms(&truth, class, world, busy, bytes).seconds();
             let algos = TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, FAR_BYTES).seconds());
-            let times = Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos };
+            let algos_near = TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, NEAR_BYTES).seconds());
+            let times =
+                Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos, algos_near };
             let got = fit(&base, class, world, busy, times);
-            for (&a, &f) in TIMED_ALGORITHMS.iter().zip(&factors) {
+            for ((&a, &f), &n) in TIMED_ALGORITHMS.iter().zip(&factors).zip(&near_factors) {
                 let g = got.algo_far.get(a);
                 assert!((g / f - 1.0).abs() < 1e-3, "world {world}: {a} factor {g} vs {f}");
+                let g = got.algo_far.get_near(a);
+                assert!((g / n - 1.0).abs() < 1e-3, "world {world}: {a} in-cache factor {g} vs {n}");
             }
             assert_eq!(got.algo_far.get(Algorithm::Ring), 1.0, "the ring is what the costs are fitted to");
             let want = truth.cost(class);
@@ -272,6 +295,13 @@ mod tests {
         let tree = |m: &CostModel, bytes| terms_of(Algorithm::Tree, m, class, 2, false, bytes);
         let small = 64 << 10;
         assert_eq!(tree(&model, small), tree(&base, small), "in cache");
+        // The in-cache factor prices calls in cache and fades out past it.
+        let mut near = base;
+        near.algo_far.set_near(Algorithm::Tree, 2.0);
+        let (with, without) = (tree(&near, small), tree(&base, small));
+        assert_eq!(with.alpha_s, without.alpha_s);
+        assert!((with.beta_s / without.beta_s - 2.0).abs() < 1e-12, "{} vs {}", with.beta_s, without.beta_s);
+        assert_eq!(tree(&near, 64 << 20), tree(&base, 64 << 20), "far past the cache");
         let (with, without) = (tree(&model, 64 << 20), tree(&base, 64 << 20));
         assert_eq!(with.alpha_s, without.alpha_s);
         assert!((with.beta_s / without.beta_s - 0.5).abs() < 1e-12, "{} vs {}", with.beta_s, without.beta_s);
@@ -296,13 +326,26 @@ mod tests {
             class,
             2,
             false,
-            Times { tiny: f64::NAN, near: -1.0, far: 0.0, algos: [f64::NAN, 0.0, -1.0, f64::INFINITY] },
+            Times {
+                tiny: f64::NAN,
+                near: -1.0,
+                far: 0.0,
+                algos: [f64::NAN, 0.0, -1.0, f64::INFINITY],
+                algos_near: [0.0, f64::NEG_INFINITY, f64::NAN, -2.0],
+            },
         );
         assert_eq!(got.cost, c);
         assert_eq!(got.busy_round, base.busy_round);
         assert_eq!(got.algo_far, AlgoFar::default());
-        let tiny = fit(&base, class, 4, true, Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [1e-9; 4] });
+        let tiny = fit(
+            &base,
+            class,
+            4,
+            true,
+            Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [1e-9; 4], algos_near: [1e-9; 4] },
+        );
         assert!((tiny.algo_far.get(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped, not absurd");
+        assert!((tiny.algo_far.get_near(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped too");
         assert!(tiny.cost.far >= 1.0);
         // Clamped to a tenth of the built-in values, like any probed number.
         assert!((tiny.cost.beta / (c.beta * 0.1) - 1.0).abs() < 1e-9, "{}", tiny.cost.beta);

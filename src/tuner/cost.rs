@@ -109,22 +109,34 @@ pub struct LinkCost {
     pub far: f64,
 }
 
-/// Per-algorithm factors on the bandwidth terms of a call inside one host, past
-/// the cache (1: as the link's costs say). The memory links' costs are fitted to the
-/// ring, but algorithms touch memory differently once the data outgrows the cache:
-/// the double binary tree reduces and forwards small segments while they are still
-/// in cache, and whole-buffer exchanges stream everything twice. So a one-host
-/// calibration also times each all-reduce algorithm far past the cache and keeps
-/// how far it is from its prediction, like NCCL's per-algorithm bandwidth tables,
-/// measured instead of built in. The factor ramps in like [`LinkCost::far`].
+/// Per-algorithm factors on the bandwidth terms of a call inside one host, in cache
+/// and past it (1: as the link's costs say). The memory links' costs are fitted to
+/// the ring, but algorithms touch memory differently: once the data outgrows the
+/// cache, the double binary tree reduces and forwards small segments while they are
+/// still in cache, and whole-buffer exchanges stream everything twice; in cache, on
+/// a host whose ranks share cores, the ring's fused forwards keep both cores busy
+/// where a halving-doubling round waits for whole halves (4 ranks on 2 cores: 111
+/// µs against the ring's 86 at 256 KiB, with the same bytes and fewer steps). So a
+/// one-host calibration also times each all-reduce algorithm in cache and far past
+/// it and keeps how far each is from its prediction, like NCCL's per-algorithm
+/// bandwidth tables, measured instead of built in. Between the two, the factor moves
+/// geometrically as [`LinkCost::far`] ramps in.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AlgoFar([f64; Algorithm::ALL.len()]);
+pub struct AlgoFar {
+    far: [f64; Algorithm::ALL.len()],
+    near: [f64; Algorithm::ALL.len()],
+}
 
 impl Default for AlgoFar {
     fn default() -> Self {
-        AlgoFar([1.0; Algorithm::ALL.len()])
+        AlgoFar { far: [1.0; Algorithm::ALL.len()], near: [1.0; Algorithm::ALL.len()] }
     }
 }
+
+/// Field-name prefixes of the factors in cache and model text: `algo.tree=0.7` past
+/// the cache, `near.tree=1.2` in it.
+const FAR_PREFIX: &str = "algo.";
+const NEAR_PREFIX: &str = "near.";
 
 impl AlgoFar {
     /// Smallest and largest factor kept: a measurement outside is noise or a stall.
@@ -133,18 +145,50 @@ impl AlgoFar {
     fn index(a: Algorithm) -> usize {
         a.code() as usize - 1
     }
-    /// The factor of `a`.
-    pub fn get(&self, a: Algorithm) -> f64 {
-        self.0[Self::index(a)]
-    }
-    /// Set the factor of `a`, kept within [`AlgoFar::BOUNDS`] (1 for nonsense).
-    pub fn set(&mut self, a: Algorithm, factor: f64) {
+    fn sane(factor: f64) -> f64 {
         let (lo, hi) = Self::BOUNDS;
-        self.0[Self::index(a)] = if factor.is_finite() && factor > 0.0 { factor.clamp(lo, hi) } else { 1.0 };
+        if factor.is_finite() && factor > 0.0 {
+            factor.clamp(lo, hi)
+        } else {
+            1.0
+        }
     }
-    /// The algorithms whose factor is not 1, with it.
-    pub fn non_default(&self) -> impl Iterator<Item = (Algorithm, f64)> + '_ {
-        Algorithm::ALL.iter().map(|&a| (a, self.get(a))).filter(|&(_, f)| f != 1.0)
+    /// The factor of `a` past the cache.
+    pub fn get(&self, a: Algorithm) -> f64 {
+        self.far[Self::index(a)]
+    }
+    /// Set the factor of `a` past the cache, kept within [`AlgoFar::BOUNDS`] (1 for nonsense).
+    pub fn set(&mut self, a: Algorithm, factor: f64) {
+        self.far[Self::index(a)] = Self::sane(factor);
+    }
+    /// The factor of `a` in cache.
+    pub fn get_near(&self, a: Algorithm) -> f64 {
+        self.near[Self::index(a)]
+    }
+    /// Set the factor of `a` in cache, kept like [`AlgoFar::set`]'s.
+    pub fn set_near(&mut self, a: Algorithm, factor: f64) {
+        self.near[Self::index(a)] = Self::sane(factor);
+    }
+    /// The factor of `a` for a call `past` of the way past the cache (0: in cache, 1:
+    /// far past it; see [`CostModel::past_cache`]).
+    pub fn factor(&self, a: Algorithm, past: f64) -> f64 {
+        self.get_near(a).powf(1.0 - past) * self.get(a).powf(past)
+    }
+    /// The factors that are not 1, as text fields (`algo.tree`, `near.tree`) with their values.
+    pub fn entries(&self) -> impl Iterator<Item = (String, f64)> + '_ {
+        let far = Algorithm::ALL.iter().map(|&a| (format!("{FAR_PREFIX}{a}"), self.get(a)));
+        let near = Algorithm::ALL.iter().map(|&a| (format!("{NEAR_PREFIX}{a}"), self.get_near(a)));
+        far.chain(near).filter(|&(_, f)| f != 1.0)
+    }
+    /// Set the factor a text field of [`AlgoFar::entries`] names. None: `key` names no
+    /// factor; an error: it names an algorithm that does not exist.
+    pub fn set_entry(&mut self, key: &str, value: f64) -> Option<Result<(), String>> {
+        let set = |name: &str| name.parse::<Algorithm>().map_err(|e| e.to_string());
+        if let Some(name) = key.strip_prefix(FAR_PREFIX) {
+            return Some(set(name).map(|a| self.set(a, value)));
+        }
+        let name = key.strip_prefix(NEAR_PREFIX)?;
+        Some(set(name).map(|a| self.set_near(a, value)))
     }
 }
 
@@ -222,7 +266,7 @@ impl CostModel {
 
     /// How far past the cache a call touching `bytes` per rank is: 0 in cache, 1
     /// from 32 times the cache up, by octaves in between.
-    fn past_cache(&self, bytes: u64) -> f64 {
+    pub(crate) fn past_cache(&self, bytes: u64) -> f64 {
         if bytes <= self.cache_bytes {
             return 0.0;
         }
@@ -316,8 +360,22 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
     let mut crossing = vec![(0u64, 0u64); n];
     let mut nics: Vec<(Vec<u64>, Vec<u64>)> = vec![Default::default(); hosts];
     let mut tallies = vec![[Tally::default(); 5]; n];
-    // What each rank's call touches: its largest buffer and its scratch.
-    let touched: Vec<u64> = schedules.iter().map(|s| (data_bytes(s) + s.scratch_bytes) as u64).collect();
+    // What each rank's call touches: its largest buffer and its scratch; on a host
+    // whose ranks share cores, as much again for each rank sharing its core's cache
+    // (4 ranks on 2 cores: a 1 MiB ring all-reduce took 1.6x the time that scaling
+    // up from 256 KiB in cache predicts, where 2 ranks took what it predicts).
+    let touched: Vec<u64> = schedules
+        .iter()
+        .enumerate()
+        .map(|(r, s)| {
+            let own = (data_bytes(s) + s.scratch_bytes) as u64;
+            if links.busy(r) {
+                (own as f64 * model.busy_share) as u64
+            } else {
+                own
+            }
+        })
+        .collect();
     for t in 0..rounds {
         crossing.iter_mut().for_each(|c| *c = (0, 0));
         nics.iter_mut().for_each(|(o, i)| {
@@ -404,7 +462,7 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
     let memory = matches!(links.local, LinkClass::InProcess | LinkClass::SharedMemory);
     if let (true, true, Some(s)) = (one_host, memory, schedules.first()) {
         let most = touched.iter().copied().max().unwrap_or(0);
-        let f = model.algo_far.get(s.algorithm).powf(model.past_cache(most));
+        let f = model.algo_far.factor(s.algorithm, model.past_cache(most));
         path.beta_s *= f;
         path.gamma_s *= f;
     }

@@ -60,7 +60,6 @@ use std::time::{Duration, Instant};
 pub use super::cache::{default_cache_dir, host_fingerprint, local_key, read_cache};
 pub(crate) use super::cache::{num_hosts, remote_key, write_cache};
 use super::cost::{AlgoFar, CostModel, LinkClass, LinkCost};
-use crate::algorithm::Algorithm;
 use crate::bootstrap::Store;
 use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
@@ -198,8 +197,8 @@ impl fmt::Display for Measured {
         if let Some(b) = self.busy_round {
             write!(f, " busy_round={b}")?;
         }
-        for (a, factor) in self.algo_far.non_default() {
-            write!(f, " {ALGO_PREFIX}{a}={factor}")?;
+        for (key, factor) in self.algo_far.entries() {
+            write!(f, " {key}={factor}")?;
         }
         Ok(())
     }
@@ -212,10 +211,9 @@ impl std::str::FromStr for Measured {
         let mut algo_far = AlgoFar::default();
         for field in s.split_whitespace() {
             let (name, value) = field.split_once('=').ok_or_else(|| format!("`{field}` is not name=value"))?;
-            if let Some(algo) = name.strip_prefix(ALGO_PREFIX) {
-                let a: Algorithm = algo.parse()?;
-                let v: f64 = value.parse().map_err(|_| format!("`{field}`: not a number"))?;
-                algo_far.set(a, v);
+            if let Some(set) = algo_far.set_entry(name, value.parse().unwrap_or(f64::NAN)) {
+                value.parse::<f64>().map_err(|_| format!("`{field}`: not a number"))?;
+                set?;
                 continue;
             }
             let parsed = if value == "-" {
@@ -250,10 +248,6 @@ impl std::str::FromStr for Measured {
         })
     }
 }
-
-/// Field-name prefix of a per-algorithm factor in cache and model text
-/// (`algo.tree=0.7`).
-const ALGO_PREFIX: &str = "algo.";
 
 /// `value` kept within `[0.1x, 10x]` of `default`; the default for nonsense.
 pub(crate) fn sane(value: f64, default: f64) -> f64 {
@@ -333,8 +327,8 @@ pub(crate) fn encode_model(p: &Probed) -> String {
         "busy_round={} busy_share={} cache_bytes={}",
         p.model.busy_round, p.model.busy_share, p.model.cache_bytes
     );
-    for (a, factor) in p.model.algo_far.non_default() {
-        s += &format!(" {ALGO_PREFIX}{a}={factor}");
+    for (key, factor) in p.model.algo_far.entries() {
+        s += &format!(" {key}={factor}");
     }
     s + "\n"
 }
@@ -381,8 +375,9 @@ pub(crate) fn decode_model(text: &str) -> std::result::Result<Probed, String> {
     }
     let line = lines.next().ok_or("no busy line")?;
     for (k, v) in fields(line)? {
-        if let Some(algo) = k.strip_prefix(ALGO_PREFIX) {
-            model.algo_far.set(algo.parse()?, num(&v, &k)?);
+        if let Some(set) = model.algo_far.set_entry(&k, num(&v, &k).unwrap_or(f64::NAN)) {
+            num(&v, &k)?;
+            set?;
             continue;
         }
         match k.as_str() {

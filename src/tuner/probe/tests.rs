@@ -5,6 +5,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use super::*;
+use crate::algorithm::Algorithm;
 use crate::bootstrap::{MemStore, PrefixStore};
 use std::path::Path;
 
@@ -108,8 +109,13 @@ fn measured_text_round_trips_and_rejects_garbage() {
     let text = with_algos.to_string();
     assert!(text.contains(" algo.tree=0.7"), "{text}");
     assert_eq!(text.parse::<Measured>().unwrap(), with_algos);
-    let clamped: Measured = "alpha=1e-6 beta=2e-11 algo.doubling=40".parse().unwrap();
+    with_algos.algo_far.set_near(Algorithm::HalvingDoubling, 1.3);
+    let text = with_algos.to_string();
+    assert!(text.contains(" near.halving-doubling=1.3"), "{text}");
+    assert_eq!(text.parse::<Measured>().unwrap(), with_algos);
+    let clamped: Measured = "alpha=1e-6 beta=2e-11 algo.doubling=40 near.tree=0.01".parse().unwrap();
     assert_eq!(clamped.algo_far.get(Algorithm::Doubling), AlgoFar::BOUNDS.1);
+    assert_eq!(clamped.algo_far.get_near(Algorithm::Tree), AlgoFar::BOUNDS.0);
     for bad in [
         "",
         "alpha=1",
@@ -120,6 +126,8 @@ fn measured_text_round_trips_and_rejects_garbage() {
         "junk",
         "alpha=1 beta=2 algo.spiral=1",
         "alpha=1 beta=2 algo.tree=x",
+        "alpha=1 beta=2 near.spiral=1",
+        "alpha=1 beta=2 near.tree=",
     ] {
         assert!(bad.parse::<Measured>().is_err(), "{bad}");
     }
@@ -171,9 +179,14 @@ fn the_model_text_round_trips_bit_for_bit() {
     let d = model.cost(LinkClass::SharedMemory);
     model.set(LinkClass::SharedMemory, LinkCost { alpha: 1.0 / 3.0 * 1e-6, beta: 0.1 / 7e9, far: 2.75, ..d });
     model.algo_far.set(Algorithm::HalvingDoubling, 1.0 / 7.0 * 3.0);
+    model.algo_far.set_near(Algorithm::Doubling, 1.0 / 7.0 * 9.0);
     let p = Probed { model, source: ProbeSource::Measured };
     assert_eq!(decode_model(&encode_model(&p)).unwrap(), p);
     assert!(decode_model(&encode_model(&p).replace("algo.halving-doubling", "algo.x")).is_err());
+    assert!(decode_model(&encode_model(&p).replace("near.doubling", "near.x")).is_err());
+    let text = encode_model(&p);
+    let bad = text.replace(&format!("near.doubling={}", 1.0 / 7.0 * 9.0), "near.doubling=-1");
+    assert!(decode_model(&bad).unwrap_err().contains("near.doubling"), "the error names the field");
     let builtin = Probed { model: CostModel::default(), source: ProbeSource::Cache };
     assert_eq!(decode_model(&encode_model(&builtin)).unwrap(), builtin);
     let text = encode_model(&p);
