@@ -24,7 +24,7 @@
 //! | `BRAID_FUSION_BYTES` | largest bucket of a [`crate::fusion::Fuser`] (default 64M; `0`: one collective per tensor) |
 //! | `BRAID_FUSION_CYCLE` | how long a fuser's request waits for others to share its bucket (default 1ms; `0`: none) |
 //! | `BRAID_FUSION_COMPRESSION` | `fp16`, `bf16`: a fuser sends f32 sums and averages as halves with error feedback (default `none`) |
-//! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each, or when oversubscribed neighbours sharing a core in blocks), `core`, `none` |
+//! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each, round robin when they outnumber the cores), `core`, `none` |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
