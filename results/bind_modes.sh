@@ -2,8 +2,8 @@
 # 4 ranks on this host's CPUs, placed three ways, each run a cold calibration and a
 # `braid perf --algo all` sweep (results/tuner_ab.sh onehost):
 #   none   BRAID_BIND=none: the scheduler places the ranks
-#   pairs  rank r on CPU r/2 (what BRAID_BIND=auto does when oversubscribed, 4 on 2)
-#   alt    rank r on CPU r%2
+#   pairs  rank r on CPU r/2 (neighbours in pairs: what fb1566e made BRAID_BIND=auto do)
+#   alt    rank r on CPU r%2 (round robin: what BRAID_BIND=auto does since 1c6792a)
 #   results/bind_modes.sh RUNS OUTDIR [MODES]      then results/tuner_summarize.py OUTDIR/MODE/*/*.json
 # `calib` as the first argument instead prints each rank-0 calibration of RUNS cold
 # starts per mode (the times the tuner fits to), e.g. results/bind_modes.sh calib 4.
@@ -28,7 +28,7 @@ if [ "$1" = calib ]; then
     for i in $(seq 1 "$2"); do
       rm -f "$cache"/tuner-shm-*
       MODE=$m BRAID_DEBUG=braid=debug "$wrap/braid" run -n 4 -- "$wrap/braid" perf --op all-reduce -b 1M -e 1M -n 3 -w 1 2>&1 |
-        sed 's/\x1b\[[0-9;]*m//g' | grep -m1 calibrated | grep -o 'tiny_us=[0-9.]*\|near_us=[0-9.]*\|far_us=[0-9.]*\|beta_gbps=[0-9.]*' | tr '\n' ' '
+        sed 's/\x1b\[[0-9;]*m//g' | grep -m1 calibrated | grep -o 'tiny_us=[0-9.]*\|near_us=[0-9.]*\|far_us=[0-9.]*\|beta_gbps=[0-9.]*' | tr '\n' ' ' || true
       echo
     done
   done
