@@ -297,6 +297,39 @@ fn perf_writes_json_lines() {
     let _ = std::fs::remove_file(&dir);
 }
 
+/// `--algo all` alternates the tuner's pick and every all-reduce algorithm in passes
+/// at each size, and still reports one checked row for each, in rotation order.
+#[test]
+fn perf_algo_all_reports_every_algorithm_once_per_size_checked() {
+    let path = std::env::temp_dir().join(format!("braid-perf-all-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    // 7 timed calls over 5 passes: blocks of 2, 2, 1, 1 and 1.
+    let out = Command::new(BRAID)
+        .args(["perf", "--op", "all-reduce", "--ranks", "3", "-b", "4K", "-e", "64K", "-f", "16", "-n", "7", "-w", "1"])
+        .args(["--algo", "all", "--check", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let algos = ["tree", "halving-doubling", "direct", "ring", "doubling", "hierarchical"];
+    assert_eq!(rows.len(), 2 * (1 + algos.len()), "{text}");
+    for (size, block) in [4096, 65536].into_iter().zip(rows.chunks(1 + algos.len())) {
+        let auto = block[0]["algo"].as_str().unwrap();
+        assert!(auto.strip_prefix("auto:").is_some_and(|a| algos.contains(&a)), "{auto}");
+        for (row, want) in block[1..].iter().zip(algos) {
+            assert_eq!(row["algo"], want, "{row}");
+        }
+        for row in block {
+            assert_eq!(row["bytes"], size, "{row}");
+            assert_eq!(row["wrong"], 0, "{row}");
+            assert!(row["time_us"].as_f64().unwrap() > 0.0, "{row}");
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn perf_checks_every_collective_over_shared_memory_for_world_sizes_1_to_8() {
     for ranks in 1..=8 {
