@@ -429,6 +429,7 @@ fn calibrate(
     setup: &crate::tuner::probe::ProbeSetup,
 ) -> Result<()> {
     use crate::tuner::calibrate::{fit, tiny_bytes, worth_timing, Times, FAR_BYTES, NEAR_BYTES, TIMED_ALGORITHMS};
+    use crate::tuner::cost::AlgoFar;
     let time = |bytes: usize, warm: usize, reps: usize| -> Result<f64> {
         // Each call starts from freshly written data, as a training step's gradients
         // do (and `braid perf`'s calls): a buffer reduced over and over stays in a
@@ -462,8 +463,7 @@ fn calibrate(
             tiny: time(tiny_bytes(world), 30, 31)?,
             near: time(NEAR_BYTES, 30, 15)?,
             far: time(FAR_BYTES, 8, 7)?,
-            algos: [0.0; TIMED_ALGORITHMS.len()],
-            algos_near: [0.0; TIMED_ALGORITHMS.len()],
+            algos: [[0.0; TIMED_ALGORITHMS.len()]; AlgoFar::SIZES.len()],
         };
         for (i, a) in TIMED_ALGORITHMS.iter().enumerate() {
             if !worth_timing(*a, &model, class, world, busy) {
@@ -472,8 +472,10 @@ fn calibrate(
             comm.set_algorithm(Some(*a));
             // Past the ring writers' first trials of both kinds of store, which
             // each algorithm makes for itself (see `stream_copy::PATTERNS`).
-            t.algos_near[i] = time(NEAR_BYTES, 10, 15)?;
-            t.algos[i] = time(FAR_BYTES, 8, 3)?;
+            for (at, &bytes) in AlgoFar::SIZES.iter().enumerate() {
+                let (warm, reps) = if at == AlgoFar::NEAR { (10, 15) } else { (8, 3) };
+                t.algos[at][i] = time(bytes, warm, reps)?;
+            }
         }
         Ok(t)
     })();

@@ -87,8 +87,7 @@ pub struct Fitted {
 
 /// Ring all-reduce times measured on one host of `world` ranks: `tiny` seconds for
 /// [`tiny_bytes`], `near` for [`NEAR_BYTES`], `far` for [`FAR_BYTES`]; and the
-/// times of the [`TIMED_ALGORITHMS`] at [`NEAR_BYTES`] and at [`FAR_BYTES`], in that
-/// order.
+/// times of the [`TIMED_ALGORITHMS`] at each of [`AlgoFar::SIZES`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Times {
     /// Latency-bound call.
@@ -97,11 +96,13 @@ pub struct Times {
     pub near: f64,
     /// Far past the cache.
     pub far: f64,
-    /// The other algorithms far past the cache (not positive: not timed).
-    pub algos: [f64; TIMED_ALGORITHMS.len()],
-    /// The other algorithms in cache (not positive: not timed).
-    pub algos_near: [f64; TIMED_ALGORITHMS.len()],
+    /// The other algorithms, `algos[at][k]` for [`TIMED_ALGORITHMS`]`[k]` at
+    /// [`AlgoFar::SIZES`]`[at]` (not positive: not timed).
+    pub algos: [[f64; TIMED_ALGORITHMS.len()]; AlgoFar::SIZES.len()],
 }
+
+// The ring's own fits and the factors' sizes agree where they meet.
+const _: () = assert!(AlgoFar::SIZES[AlgoFar::NEAR] == NEAR_BYTES && AlgoFar::SIZES[AlgoFar::FAR] == FAR_BYTES);
 
 /// The largest `x` in `[lo, hi]` whose prediction stays below `target`
 /// (`predicted` grows with `x`), by bisection.
@@ -196,30 +197,20 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
     };
     m.set(class, cost);
     m.busy_round = sane(m.busy_round, CostModel::default().busy_round);
-    // Each other algorithm's factors, on top of the ring's fit as installed. Where a
-    // call is partly past the cache at one size (an algorithm with scratch, or cores
-    // shared), both factors weigh on both times: a few alternations settle them.
+    // Each other algorithm's factor at each size, on top of the ring's fit as
+    // installed: a call of one of the sizes is priced by that size's factor alone.
     let (lo, hi) = AlgoFar::BOUNDS;
-    for ((&a, &near), &far) in
-        (0..FIT_ROUNDS).flat_map(|_| TIMED_ALGORITHMS.iter().zip(&times.algos_near).zip(&times.algos))
-    {
-        if ok(near) {
-            let base = m;
-            let factor = solve(lo, hi, near, |f| {
-                let mut with = base;
-                with.algo_far.set_near(a, f);
-                terms_of(a, &with, class, world, busy, NEAR_BYTES).seconds()
-            });
-            m.algo_far.set_near(a, factor);
-        }
-        if ok(far) {
-            let base = m;
-            let factor = solve(lo, hi, far, |f| {
-                let mut with = base;
-                with.algo_far.set(a, f);
-                terms_of(a, &with, class, world, busy, FAR_BYTES).seconds()
-            });
-            m.algo_far.set(a, factor);
+    for (at, times_at) in times.algos.iter().enumerate() {
+        for (&a, &t) in TIMED_ALGORITHMS.iter().zip(times_at) {
+            if ok(t) {
+                let base = m;
+                let factor = solve(lo, hi, t, |f| {
+                    let mut with = base;
+                    with.algo_far.set_at(a, at, f);
+                    terms_of(a, &with, class, world, busy, AlgoFar::SIZES[at]).seconds()
+                });
+                m.algo_far.set_at(a, at, factor);
+            }
         }
     }
     Fitted { cost, busy_round: m.busy_round, algo_far: m.algo_far }
@@ -242,23 +233,22 @@ mod tests {
             let c = base.cost(class);
             let alpha = if busy { c.alpha } else { 0.8e-6 };
             truth.set(class, LinkCost { alpha, beta: c.beta * 1.7, gamma: c.gamma * 1.7, far: 2.2, ..c });
-            let factors = [0.6, 1.3, 2.0, 0.45];
-            let near_factors = [1.25, 0.8, 1.0, 1.6];
-            for ((&a, &f), &n) in TIMED_ALGORITHMS.iter().zip(&factors).zip(&near_factors) {
-                truth.algo_far.set(a, f);
-                truth.algo_far.set_near(a, n);
+            let factors = [[1.25, 0.8, 1.0, 1.6], [0.7, 1.1, 2.4, 1.9], [0.6, 1.3, 2.0, 0.45]];
+            for (at, row) in factors.iter().enumerate() {
+                for (&a, &f) in TIMED_ALGORITHMS.iter().zip(row) {
+                    truth.algo_far.set_at(a, at, f);
+                }
             }
             let at = |bytes| ring_terms(&truth, class, world, busy, bytes).seconds();
-            let algos = TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, FAR_BYTES).seconds());
-            let algos_near = TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, NEAR_BYTES).seconds());
-            let times =
-                Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos, algos_near };
+            let algos = AlgoFar::SIZES
+                .map(|bytes| TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, bytes).seconds()));
+            let times = Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos };
             let got = fit(&base, class, world, busy, times);
-            for ((&a, &f), &n) in TIMED_ALGORITHMS.iter().zip(&factors).zip(&near_factors) {
-                let g = got.algo_far.get(a);
-                assert!((g / f - 1.0).abs() < 1e-3, "world {world}: {a} factor {g} vs {f}");
-                let g = got.algo_far.get_near(a);
-                assert!((g / n - 1.0).abs() < 1e-3, "world {world}: {a} in-cache factor {g} vs {n}");
+            for (i, row) in factors.iter().enumerate() {
+                for (&a, &f) in TIMED_ALGORITHMS.iter().zip(row) {
+                    let g = got.algo_far.get_at(a, i);
+                    assert!((g / f - 1.0).abs() < 1e-3, "world {world}: {a} factor at size {i} {g} vs {f}");
+                }
             }
             assert_eq!(got.algo_far.get(Algorithm::Ring), 1.0, "the ring is what the costs are fitted to");
             let want = truth.cost(class);
@@ -302,11 +292,13 @@ mod tests {
         assert_eq!(with.alpha_s, without.alpha_s);
         assert!((with.beta_s / without.beta_s - 2.0).abs() < 1e-12, "{} vs {}", with.beta_s, without.beta_s);
         assert_eq!(tree(&near, 64 << 20), tree(&base, 64 << 20), "far past the cache");
+        let quarter = tree(&near, 1 << 20).beta_s / tree(&base, 1 << 20).beta_s;
+        assert!((quarter - 2f64.powf(0.5)).abs() < 1e-9, "halfway to 4 MiB in octaves: {quarter}");
         let (with, without) = (tree(&model, 64 << 20), tree(&base, 64 << 20));
         assert_eq!(with.alpha_s, without.alpha_s);
         assert!((with.beta_s / without.beta_s - 0.5).abs() < 1e-12, "{} vs {}", with.beta_s, without.beta_s);
-        let mid = tree(&model, 4 << 20).beta_s / tree(&base, 4 << 20).beta_s;
-        assert!(mid > 0.5 && mid < 1.0, "ramps in: {mid}");
+        let mid = tree(&model, 8 << 20).beta_s / tree(&base, 8 << 20).beta_s;
+        assert!((mid - 0.5f64.sqrt()).abs() < 1e-9, "geometric between the sizes: {mid}");
         // Across hosts the wire decides: the factor does not apply.
         let hosts = [0, 0, 1, 1];
         let call = Call { op: OpKind::AllReduce, count: 16 << 20, elem_size: 4, root: 0, hosts: &hosts, busy: &[] };
@@ -330,20 +322,17 @@ mod tests {
                 tiny: f64::NAN,
                 near: -1.0,
                 far: 0.0,
-                algos: [f64::NAN, 0.0, -1.0, f64::INFINITY],
-                algos_near: [0.0, f64::NEG_INFINITY, f64::NAN, -2.0],
+                algos: [
+                    [f64::NAN, 0.0, -1.0, f64::INFINITY],
+                    [0.0, f64::NEG_INFINITY, f64::NAN, -2.0],
+                    [-0.0, f64::NAN, 0.0, f64::INFINITY],
+                ],
             },
         );
         assert_eq!(got.cost, c);
         assert_eq!(got.busy_round, base.busy_round);
         assert_eq!(got.algo_far, AlgoFar::default());
-        let tiny = fit(
-            &base,
-            class,
-            4,
-            true,
-            Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [1e-9; 4], algos_near: [1e-9; 4] },
-        );
+        let tiny = fit(&base, class, 4, true, Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [[1e-9; 4]; 3] });
         assert!((tiny.algo_far.get(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped, not absurd");
         assert!((tiny.algo_far.get_near(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped too");
         assert!(tiny.cost.far >= 1.0);

@@ -109,86 +109,102 @@ pub struct LinkCost {
     pub far: f64,
 }
 
-/// Per-algorithm factors on the bandwidth terms of a call inside one host, in cache
-/// and past it (1: as the link's costs say). The memory links' costs are fitted to
-/// the ring, but algorithms touch memory differently: once the data outgrows the
-/// cache, the double binary tree reduces and forwards small segments while they are
-/// still in cache, and whole-buffer exchanges stream everything twice; in cache, on
-/// a host whose ranks share cores, the ring's fused forwards keep both cores busy
-/// where a halving-doubling round waits for whole halves (4 ranks on 2 cores: 111
-/// µs against the ring's 86 at 256 KiB, with the same bytes and fewer steps). So a
-/// one-host calibration also times each all-reduce algorithm in cache and far past
-/// it and keeps how far each is from its prediction, like NCCL's per-algorithm
-/// bandwidth tables, measured instead of built in. Between the two, the factor moves
-/// geometrically as [`LinkCost::far`] ramps in.
+/// Per-algorithm factors on the bandwidth terms of a call inside one host, by call
+/// size (1: as the link's costs say). The memory links' costs are fitted to the
+/// ring, but algorithms touch memory differently: once the data outgrows the cache,
+/// the double binary tree reduces and forwards small segments while they are still
+/// in cache, and whole-buffer exchanges keep a scratch copy of everything and fall
+/// off each level of cache at smaller calls than the ring (2 ranks: direct took 245
+/// µs per MiB at 1 MiB and 472 at 4 MiB, the ring 131 and 181); in cache, on a host
+/// whose ranks share cores, the ring's fused forwards keep both cores busy where a
+/// halving-doubling round waits for whole halves. So a one-host calibration times
+/// each all-reduce algorithm at the sizes of [`AlgoFar::SIZES`] and keeps how far
+/// each is from its prediction there, like NCCL's per-algorithm bandwidth tables,
+/// measured instead of built in. Between two sizes the factor moves geometrically
+/// (by octaves of the call); below the first and above the last it stays.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AlgoFar {
-    far: [f64; Algorithm::ALL.len()],
-    near: [f64; Algorithm::ALL.len()],
-}
+pub struct AlgoFar([[f64; Algorithm::ALL.len()]; AlgoFar::SIZES.len()]);
 
 impl Default for AlgoFar {
     fn default() -> Self {
-        AlgoFar { far: [1.0; Algorithm::ALL.len()], near: [1.0; Algorithm::ALL.len()] }
+        AlgoFar([[1.0; Algorithm::ALL.len()]; AlgoFar::SIZES.len()])
     }
 }
-
-/// Field-name prefixes of the factors in cache and model text: `algo.tree=0.7` past
-/// the cache, `near.tree=1.2` in it.
-const FAR_PREFIX: &str = "algo.";
-const NEAR_PREFIX: &str = "near.";
 
 impl AlgoFar {
     /// Smallest and largest factor kept: a measurement outside is noise or a stall.
     pub const BOUNDS: (f64, f64) = (0.2, 5.0);
+    /// Call sizes (bytes per rank) the factors are measured at: in cache, past it, far past it.
+    pub const SIZES: [usize; 3] = [256 << 10, 4 << 20, 16 << 20];
+    /// Field-name prefixes of the factors at each size in cache and model text
+    /// (`near.tree=1.2`, `mid.tree=0.9`, `algo.tree=0.7`).
+    const PREFIXES: [&'static str; 3] = ["near.", "mid.", "algo."];
+    /// Index of the in-cache size in [`AlgoFar::SIZES`].
+    pub const NEAR: usize = 0;
+    /// Index of the size just past the cache.
+    pub const MID: usize = 1;
+    /// Index of the size far past it.
+    pub const FAR: usize = 2;
 
     fn index(a: Algorithm) -> usize {
         a.code() as usize - 1
     }
-    fn sane(factor: f64) -> f64 {
+    /// The factor of `a` at size `at` (an index of [`AlgoFar::SIZES`]).
+    pub fn get_at(&self, a: Algorithm, at: usize) -> f64 {
+        self.0[at][Self::index(a)]
+    }
+    /// Set the factor of `a` at size `at`, kept within [`AlgoFar::BOUNDS`] (1 for nonsense).
+    pub fn set_at(&mut self, a: Algorithm, at: usize, factor: f64) {
         let (lo, hi) = Self::BOUNDS;
-        if factor.is_finite() && factor > 0.0 {
-            factor.clamp(lo, hi)
-        } else {
-            1.0
-        }
+        self.0[at][Self::index(a)] = if factor.is_finite() && factor > 0.0 { factor.clamp(lo, hi) } else { 1.0 };
     }
-    /// The factor of `a` past the cache.
+    /// The factor of `a` far past the cache.
     pub fn get(&self, a: Algorithm) -> f64 {
-        self.far[Self::index(a)]
+        self.get_at(a, Self::FAR)
     }
-    /// Set the factor of `a` past the cache, kept within [`AlgoFar::BOUNDS`] (1 for nonsense).
+    /// Set the factor of `a` far past the cache.
     pub fn set(&mut self, a: Algorithm, factor: f64) {
-        self.far[Self::index(a)] = Self::sane(factor);
+        self.set_at(a, Self::FAR, factor);
     }
     /// The factor of `a` in cache.
     pub fn get_near(&self, a: Algorithm) -> f64 {
-        self.near[Self::index(a)]
+        self.get_at(a, Self::NEAR)
     }
-    /// Set the factor of `a` in cache, kept like [`AlgoFar::set`]'s.
+    /// Set the factor of `a` in cache.
     pub fn set_near(&mut self, a: Algorithm, factor: f64) {
-        self.near[Self::index(a)] = Self::sane(factor);
+        self.set_at(a, Self::NEAR, factor);
     }
-    /// The factor of `a` for a call `past` of the way past the cache (0: in cache, 1:
-    /// far past it; see [`CostModel::past_cache`]).
-    pub fn factor(&self, a: Algorithm, past: f64) -> f64 {
-        self.get_near(a).powf(1.0 - past) * self.get(a).powf(past)
+    /// The factor of `a` for a call of `bytes` per rank.
+    pub fn factor(&self, a: Algorithm, bytes: usize) -> f64 {
+        let octave = |b: usize| (b.max(1) as f64).log2();
+        let x = octave(bytes);
+        let last = Self::SIZES.len() - 1;
+        if x <= octave(Self::SIZES[0]) {
+            return self.get_at(a, 0);
+        }
+        for i in 0..last {
+            let (lo, hi) = (octave(Self::SIZES[i]), octave(Self::SIZES[i + 1]));
+            if x <= hi {
+                let t = (x - lo) / (hi - lo);
+                return self.get_at(a, i).powf(1.0 - t) * self.get_at(a, i + 1).powf(t);
+            }
+        }
+        self.get_at(a, last)
     }
-    /// The factors that are not 1, as text fields (`algo.tree`, `near.tree`) with their values.
+    /// The factors that are not 1, as text fields (`near.tree`, `mid.tree`,
+    /// `algo.tree`) with their values.
     pub fn entries(&self) -> impl Iterator<Item = (String, f64)> + '_ {
-        let far = Algorithm::ALL.iter().map(|&a| (format!("{FAR_PREFIX}{a}"), self.get(a)));
-        let near = Algorithm::ALL.iter().map(|&a| (format!("{NEAR_PREFIX}{a}"), self.get_near(a)));
-        far.chain(near).filter(|&(_, f)| f != 1.0)
+        (0..Self::SIZES.len())
+            .flat_map(move |at| {
+                Algorithm::ALL.iter().map(move |&a| (format!("{}{a}", Self::PREFIXES[at]), self.get_at(a, at)))
+            })
+            .filter(|&(_, f)| f != 1.0)
     }
     /// Set the factor a text field of [`AlgoFar::entries`] names. None: `key` names no
     /// factor; an error: it names an algorithm that does not exist.
     pub fn set_entry(&mut self, key: &str, value: f64) -> Option<Result<(), String>> {
-        let set = |name: &str| name.parse::<Algorithm>().map_err(|e| e.to_string());
-        if let Some(name) = key.strip_prefix(FAR_PREFIX) {
-            return Some(set(name).map(|a| self.set(a, value)));
-        }
-        let name = key.strip_prefix(NEAR_PREFIX)?;
-        Some(set(name).map(|a| self.set_near(a, value)))
+        let (at, name) = Self::PREFIXES.iter().enumerate().find_map(|(i, p)| key.strip_prefix(p).map(|n| (i, n)))?;
+        Some(name.parse::<Algorithm>().map_err(|e| e.to_string()).map(|a| self.set_at(a, at, value)))
     }
 }
 
@@ -266,7 +282,7 @@ impl CostModel {
 
     /// How far past the cache a call touching `bytes` per rank is: 0 in cache, 1
     /// from 32 times the cache up, by octaves in between.
-    pub(crate) fn past_cache(&self, bytes: u64) -> f64 {
+    fn past_cache(&self, bytes: u64) -> f64 {
         if bytes <= self.cache_bytes {
             return 0.0;
         }
@@ -461,8 +477,8 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
     let one_host = links.hosts.iter().all(|&h| h == 0);
     let memory = matches!(links.local, LinkClass::InProcess | LinkClass::SharedMemory);
     if let (true, true, Some(s)) = (one_host, memory, schedules.first()) {
-        let most = touched.iter().copied().max().unwrap_or(0);
-        let f = model.algo_far.factor(s.algorithm, model.past_cache(most));
+        let size = schedules.iter().map(data_bytes).max().unwrap_or(0);
+        let f = model.algo_far.factor(s.algorithm, size);
         path.beta_s *= f;
         path.gamma_s *= f;
     }

@@ -110,8 +110,10 @@ fn measured_text_round_trips_and_rejects_garbage() {
     assert!(text.contains(" algo.tree=0.7"), "{text}");
     assert_eq!(text.parse::<Measured>().unwrap(), with_algos);
     with_algos.algo_far.set_near(Algorithm::HalvingDoubling, 1.3);
+    with_algos.algo_far.set_at(Algorithm::Doubling, AlgoFar::MID, 2.5);
     let text = with_algos.to_string();
     assert!(text.contains(" near.halving-doubling=1.3"), "{text}");
+    assert!(text.contains(" mid.doubling=2.5"), "{text}");
     assert_eq!(text.parse::<Measured>().unwrap(), with_algos);
     let clamped: Measured = "alpha=1e-6 beta=2e-11 algo.doubling=40 near.tree=0.01".parse().unwrap();
     assert_eq!(clamped.algo_far.get(Algorithm::Doubling), AlgoFar::BOUNDS.1);
@@ -128,6 +130,7 @@ fn measured_text_round_trips_and_rejects_garbage() {
         "alpha=1 beta=2 algo.tree=x",
         "alpha=1 beta=2 near.spiral=1",
         "alpha=1 beta=2 near.tree=",
+        "alpha=1 beta=2 mid.ring=one",
     ] {
         assert!(bad.parse::<Measured>().is_err(), "{bad}");
     }
