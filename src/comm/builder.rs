@@ -428,28 +428,41 @@ fn calibrate(
     class: crate::tuner::LinkClass,
     setup: &crate::tuner::probe::ProbeSetup,
 ) -> Result<()> {
-    use crate::tuner::calibrate::{fit, tiny_bytes, worth_timing, Times, FAR_BYTES, NEAR_BYTES, TIMED_ALGORITHMS};
+    use crate::tuner::calibrate::{
+        fit, ring_fits_itself, timed_at_huge, tiny_bytes, worth_timing, Times, FAR_BYTES, HUGE_CALLS, NEAR_BYTES,
+        TIMED_ALGORITHMS,
+    };
     use crate::tuner::cost::AlgoFar;
-    let time = |bytes: usize, warm: usize, reps: usize| -> Result<f64> {
+    // The slowest rank's times of `reps` calls of `bytes` after `warm` untimed ones, sorted.
+    // The data and the buffer of every timed call, grown to the largest size timed
+    // so far instead of allocated and filled for each size and algorithm.
+    let buffers = std::cell::RefCell::new((Vec::<f32>::new(), Vec::<f32>::new()));
+    let time = |bytes: usize, warm: usize, reps: usize| -> Result<Vec<f64>> {
         // Each call starts from freshly written data, as a training step's gradients
         // do (and `braid perf`'s calls): a buffer reduced over and over stays in a
         // state of the caches no real call sees, and priced big calls ~1.5x too fast.
-        let fresh = vec![1.0f32; bytes / 4];
-        let mut buf = fresh.clone();
+        let n = bytes / 4;
+        let mut guard = buffers.borrow_mut();
+        let (fresh, buf) = &mut *guard;
+        if fresh.len() < n {
+            fresh.resize(n, 1.0);
+            buf.resize(n, 0.0);
+        }
         let mut times = Vec::with_capacity(reps);
         for i in 0..warm + reps {
-            buf.copy_from_slice(&fresh);
+            buf[..n].copy_from_slice(&fresh[..n]);
             comm.barrier()?;
             let t = std::time::Instant::now();
-            comm.all_reduce_in_place(&mut buf, crate::types::ReduceOp::Sum)?;
+            comm.all_reduce_in_place(&mut buf[..n], crate::types::ReduceOp::Sum)?;
             if i >= warm {
                 times.push(t.elapsed().as_secs_f64());
             }
         }
         comm.all_reduce_in_place(&mut times, crate::types::ReduceOp::Max)?;
         times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(times)
     };
+    let median = |bytes: usize, warm: usize, reps: usize| time(bytes, warm, reps).map(|t| t[t.len() / 2]);
     let world = comm.world_size();
     let (model, busy) = {
         let e = comm.core.shared.lock_engine();
@@ -458,25 +471,42 @@ fn calibrate(
     comm.set_deterministic(false);
     comm.set_algorithm(Some(Algorithm::Ring));
     // Warm-ups long enough for the copy policy's first trials to settle.
+    let started = std::time::Instant::now();
+    let mut phases = [0.0f64; 3];
     let timed = (|| {
         let mut t = Times {
-            tiny: time(tiny_bytes(world), 30, 31)?,
-            near: time(NEAR_BYTES, 30, 15)?,
-            far: time(FAR_BYTES, 8, 7)?,
+            tiny: median(tiny_bytes(world), 30, 31)?,
+            near: median(NEAR_BYTES, 30, 15)?,
+            far: median(FAR_BYTES, 8, 7)?,
             algos: [[0.0; TIMED_ALGORITHMS.len()]; AlgoFar::SIZES.len()],
         };
-        for (i, a) in TIMED_ALGORITHMS.iter().enumerate() {
-            if !worth_timing(*a, &model, class, world, busy) {
-                continue;
-            }
+        phases[0] = started.elapsed().as_secs_f64();
+        let timed = TIMED_ALGORITHMS.map(|a| worth_timing(a, &model, class, world, busy));
+        for (i, a) in TIMED_ALGORITHMS.iter().enumerate().filter(|&(i, _)| timed[i]) {
             comm.set_algorithm(Some(*a));
             // Past the ring writers' first trials of both kinds of store, which
             // each algorithm makes for itself (see `stream_copy::PATTERNS`).
-            for (at, &bytes) in AlgoFar::SIZES.iter().enumerate() {
+            for (at, &bytes) in AlgoFar::SIZES.iter().enumerate().take(AlgoFar::HUGE) {
+                if ring_fits_itself(*a, at) {
+                    continue;
+                }
                 let (warm, reps) = if at == AlgoFar::NEAR { (10, 15) } else { (8, 3) };
-                t.algos[at][i] = time(bytes, warm, reps)?;
+                t.algos[at][i] = median(bytes, warm, reps)?;
             }
         }
+        // The largest size where the model fitted so far says it is cheap enough.
+        let so_far = fit(&model, class, world, busy, t);
+        let mut fitted = model;
+        fitted.set(class, so_far.cost);
+        fitted.busy_round = so_far.busy_round;
+        fitted.algo_far = so_far.algo_far;
+        phases[1] = started.elapsed().as_secs_f64();
+        let huge = timed_at_huge(&fitted, class, world, busy, timed);
+        for (i, a) in TIMED_ALGORITHMS.iter().enumerate().filter(|&(i, _)| huge[i]) {
+            comm.set_algorithm(Some(*a));
+            t.algos[AlgoFar::HUGE][i] = time(AlgoFar::SIZES[AlgoFar::HUGE], 1, HUGE_CALLS - 1)?[0];
+        }
+        phases[2] = started.elapsed().as_secs_f64();
         Ok(t)
     })();
     comm.set_algorithms(cfg.algorithms.clone());
@@ -499,6 +529,9 @@ fn calibrate(
         gamma_gbps = 1.0 / cost.gamma / 1e9,
         far = cost.far,
         algo_far = ?fitted.algo_far,
+        ring_s = phases[0],
+        algorithms_s = phases[1] - phases[0],
+        largest_s = phases[2] - phases[1],
         "tuner calibrated {class} links to ring all-reduce (and the other algorithms past the cache)"
     );
     install_model(comm, model, crate::tuner::ProbeSource::Measured);

@@ -55,10 +55,19 @@ fn terms_of(
     predict(&schedules, &links, model)
 }
 
-/// The all-reduce algorithms a one-host calibration times at [`FAR_BYTES`] besides
-/// the ring, to fit their [`AlgoFar`] factors (hierarchical is the ring on one host).
-pub const TIMED_ALGORITHMS: [Algorithm; 4] =
-    [Algorithm::Tree, Algorithm::HalvingDoubling, Algorithm::Direct, Algorithm::Doubling];
+/// The all-reduce algorithms a one-host calibration times at the sizes of
+/// [`AlgoFar::SIZES`] to fit their factors. The ring too, but only where its own
+/// fit leaves it free ([`ring_fits_itself`]); hierarchical is the ring on one host
+/// and takes the ring's factors.
+pub const TIMED_ALGORITHMS: [Algorithm; 5] =
+    [Algorithm::Tree, Algorithm::HalvingDoubling, Algorithm::Direct, Algorithm::Doubling, Algorithm::Ring];
+
+/// Whether the factor of `algorithm` at size `at` of [`AlgoFar::SIZES`] is 1 by
+/// construction: the link's costs are fitted to the ring at [`NEAR_BYTES`] and
+/// [`FAR_BYTES`], so it is not timed again there.
+pub fn ring_fits_itself(algorithm: Algorithm, at: usize) -> bool {
+    algorithm == Algorithm::Ring && (at == AlgoFar::NEAR || at == AlgoFar::FAR)
+}
 
 /// An algorithm predicted more than this many times the ring's time at
 /// [`FAR_BYTES`] is not timed (its factor stays 1): nothing would pick it there, and
@@ -71,6 +80,46 @@ pub const MAX_TIMED_RATIO: f64 = 4.0;
 pub fn worth_timing(algorithm: Algorithm, model: &CostModel, class: LinkClass, world: usize, busy: bool) -> bool {
     let at = |a| terms_of(a, model, class, world, busy, FAR_BYTES).seconds();
     at(algorithm) <= MAX_TIMED_RATIO * at(Algorithm::Ring)
+}
+
+/// Seconds of calls a calibration may spend timing the [`TIMED_ALGORITHMS`] at
+/// [`AlgoFar::HUGE`], as the model predicts them: whole-buffer exchanges fall off a
+/// last level of cache there (2 ranks: doubling took 322 µs per MiB at 16 MiB and
+/// 557 at 64 MiB, the ring 197 and 225), but at 4 ranks on 2 cores one call of each
+/// algorithm takes 44-174 ms, and a start-up must stay short. With the copies of
+/// fresh data before each call, the calls take about twice what is predicted.
+pub const HUGE_BUDGET: f64 = 0.15;
+/// The order in which algorithms get [`HUGE_BUDGET`]: the whole-buffer exchanges
+/// first, whose steps past the cache the model's ramp does not follow; the tree and
+/// halving-doubling stream like the ring, whose ramp it fits.
+const HUGE_ORDER: [Algorithm; 5] =
+    [Algorithm::Doubling, Algorithm::Direct, Algorithm::Ring, Algorithm::HalvingDoubling, Algorithm::Tree];
+/// Calls of an algorithm at [`AlgoFar::HUGE`]: one whose page faults and first
+/// store trial go untimed, then one call with each kind of store (see
+/// `stream_copy`), of which the faster counts, being the kind the calls settle on.
+pub const HUGE_CALLS: usize = 3;
+
+/// Which of the [`TIMED_ALGORITHMS`] (those `timed` at the other sizes) a calibration
+/// also times at [`AlgoFar::HUGE`]: in [`HUGE_ORDER`], each whose calls `model`
+/// predicts to fit in what is left of [`HUGE_BUDGET`].
+pub fn timed_at_huge(
+    model: &CostModel,
+    class: LinkClass,
+    world: usize,
+    busy: bool,
+    timed: [bool; TIMED_ALGORITHMS.len()],
+) -> [bool; TIMED_ALGORITHMS.len()] {
+    let mut left = HUGE_BUDGET;
+    let mut out = [false; TIMED_ALGORITHMS.len()];
+    for a in HUGE_ORDER {
+        let i = TIMED_ALGORITHMS.iter().position(|&t| t == a).expect("every timed algorithm has a turn");
+        let cost = HUGE_CALLS as f64 * terms_of(a, model, class, world, busy, AlgoFar::SIZES[AlgoFar::HUGE]).seconds();
+        if timed[i] && cost <= left {
+            left -= cost;
+            out[i] = true;
+        }
+    }
+    out
 }
 
 /// What a calibration fits: the class's costs and, on a host whose ranks
@@ -199,10 +248,13 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
     m.busy_round = sane(m.busy_round, CostModel::default().busy_round);
     // Each other algorithm's factor at each size, on top of the ring's fit as
     // installed: a call of one of the sizes is priced by that size's factor alone.
+    // Not timed at the largest size, it keeps the factor of the one before.
     let (lo, hi) = AlgoFar::BOUNDS;
     for (at, times_at) in times.algos.iter().enumerate() {
         for (&a, &t) in TIMED_ALGORITHMS.iter().zip(times_at) {
-            if ok(t) {
+            if at == AlgoFar::HUGE && !ok(t) {
+                m.algo_far.set_at(a, at, m.algo_far.get_at(a, AlgoFar::FAR));
+            } else if ok(t) {
                 let base = m;
                 let factor = solve(lo, hi, t, |f| {
                     let mut with = base;
@@ -233,15 +285,29 @@ mod tests {
             let c = base.cost(class);
             let alpha = if busy { c.alpha } else { 0.8e-6 };
             truth.set(class, LinkCost { alpha, beta: c.beta * 1.7, gamma: c.gamma * 1.7, far: 2.2, ..c });
-            let factors = [[1.25, 0.8, 1.0, 1.6], [0.7, 1.1, 2.4, 1.9], [0.6, 1.3, 2.0, 0.45]];
+            // Columns: tree, halving-doubling, direct, doubling, ring (1 where its
+            // own fit decides).
+            let factors = [
+                [1.25, 0.8, 1.0, 1.6, 1.0],
+                [0.7, 1.1, 2.4, 1.9, 0.8],
+                [0.6, 1.3, 2.0, 0.45, 1.0],
+                [0.9, 1.7, 3.0, 0.5, 1.3],
+            ];
             for (at, row) in factors.iter().enumerate() {
                 for (&a, &f) in TIMED_ALGORITHMS.iter().zip(row) {
                     truth.algo_far.set_at(a, at, f);
                 }
             }
             let at = |bytes| ring_terms(&truth, class, world, busy, bytes).seconds();
-            let algos = AlgoFar::SIZES
+            let mut algos = AlgoFar::SIZES
                 .map(|bytes| TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, bytes).seconds()));
+            for (at, row) in algos.iter_mut().enumerate() {
+                for (&a, t) in TIMED_ALGORITHMS.iter().zip(row) {
+                    if ring_fits_itself(a, at) {
+                        *t = 0.0;
+                    }
+                }
+            }
             let times = Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos };
             let got = fit(&base, class, world, busy, times);
             for (i, row) in factors.iter().enumerate() {
@@ -274,6 +340,42 @@ mod tests {
         assert!(worth_timing(Algorithm::Tree, &m, class, 16, false), "tree at 16 ranks");
     }
 
+    /// Not timed at the largest size, an algorithm keeps its factor from the size
+    /// before; the budget goes to the whole-buffer exchanges first, and leaves some
+    /// out at 16 ranks.
+    #[test]
+    fn the_largest_size_is_timed_within_its_budget() {
+        let base = CostModel::default();
+        let class = LinkClass::SharedMemory;
+        let mut algos = [[0.0; 5]; 4];
+        for (at, &bytes) in AlgoFar::SIZES.iter().enumerate().take(AlgoFar::HUGE) {
+            algos[at] = TIMED_ALGORITHMS.map(|a| 1.5 * terms_of(a, &base, class, 2, false, bytes).seconds());
+        }
+        let at = |bytes| ring_terms(&base, class, 2, false, bytes).seconds();
+        let times = Times { tiny: at(tiny_bytes(2)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos };
+        let got = fit(&base, class, 2, false, times);
+        for a in TIMED_ALGORITHMS {
+            assert_eq!(got.algo_far.get_at(a, AlgoFar::HUGE), got.algo_far.get(a), "{a}");
+        }
+        // TIMED_ALGORITHMS: tree, halving-doubling, direct, doubling, ring; the
+        // budget goes to doubling and direct first.
+        let two = timed_at_huge(&base, class, 2, false, [true; 5]);
+        assert!(two[2] && two[3], "{two:?}");
+        let some = timed_at_huge(&base, class, 2, false, [true, true, false, false, false]);
+        assert!(!some[2] && !some[3] && !some[4], "only what was timed at the other sizes: {some:?}");
+        let sixteen = timed_at_huge(&base, class, 16, false, [true; 5]);
+        assert!(sixteen.iter().any(|&t| !t), "the budget leaves some out at 16 ranks: {sixteen:?}");
+        let spent: f64 = TIMED_ALGORITHMS
+            .iter()
+            .zip(&sixteen)
+            .filter(|(_, &t)| t)
+            .map(|(&a, _)| {
+                HUGE_CALLS as f64 * terms_of(a, &base, class, 16, false, AlgoFar::SIZES[AlgoFar::HUGE]).seconds()
+            })
+            .sum();
+        assert!(spent <= HUGE_BUDGET, "{spent}");
+    }
+
     /// An algorithm's factor prices only calls inside one host over memory links,
     /// and only past the cache: in cache it is 1, far past it the whole factor.
     #[test]
@@ -294,9 +396,13 @@ mod tests {
         assert_eq!(tree(&near, 64 << 20), tree(&base, 64 << 20), "far past the cache");
         let quarter = tree(&near, 1 << 20).beta_s / tree(&base, 1 << 20).beta_s;
         assert!((quarter - 2f64.powf(0.5)).abs() < 1e-9, "halfway to 4 MiB in octaves: {quarter}");
-        let (with, without) = (tree(&model, 64 << 20), tree(&base, 64 << 20));
+        let (with, without) = (tree(&model, 16 << 20), tree(&base, 16 << 20));
         assert_eq!(with.alpha_s, without.alpha_s);
         assert!((with.beta_s / without.beta_s - 0.5).abs() < 1e-12, "{} vs {}", with.beta_s, without.beta_s);
+        // Past the largest size, its factor stays.
+        model.algo_far.set_at(Algorithm::Tree, AlgoFar::HUGE, 0.25);
+        let far_out = tree(&model, 256 << 20).beta_s / tree(&base, 256 << 20).beta_s;
+        assert!((far_out - 0.25).abs() < 1e-12, "{far_out}");
         let mid = tree(&model, 8 << 20).beta_s / tree(&base, 8 << 20).beta_s;
         assert!((mid - 0.5f64.sqrt()).abs() < 1e-9, "geometric between the sizes: {mid}");
         // Across hosts the wire decides: the factor does not apply.
@@ -323,16 +429,17 @@ mod tests {
                 near: -1.0,
                 far: 0.0,
                 algos: [
-                    [f64::NAN, 0.0, -1.0, f64::INFINITY],
-                    [0.0, f64::NEG_INFINITY, f64::NAN, -2.0],
-                    [-0.0, f64::NAN, 0.0, f64::INFINITY],
+                    [f64::NAN, 0.0, -1.0, f64::INFINITY, 0.0],
+                    [0.0, f64::NEG_INFINITY, f64::NAN, -2.0, f64::NAN],
+                    [-0.0, f64::NAN, 0.0, f64::INFINITY, -1.0],
+                    [f64::NAN; 5],
                 ],
             },
         );
         assert_eq!(got.cost, c);
         assert_eq!(got.busy_round, base.busy_round);
         assert_eq!(got.algo_far, AlgoFar::default());
-        let tiny = fit(&base, class, 4, true, Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [[1e-9; 4]; 3] });
+        let tiny = fit(&base, class, 4, true, Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [[1e-9; 5]; 4] });
         assert!((tiny.algo_far.get(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped, not absurd");
         assert!((tiny.algo_far.get_near(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped too");
         assert!(tiny.cost.far >= 1.0);

@@ -134,17 +134,20 @@ impl Default for AlgoFar {
 impl AlgoFar {
     /// Smallest and largest factor kept: a measurement outside is noise or a stall.
     pub const BOUNDS: (f64, f64) = (0.2, 5.0);
-    /// Call sizes (bytes per rank) the factors are measured at: in cache, past it, far past it.
-    pub const SIZES: [usize; 3] = [256 << 10, 4 << 20, 16 << 20];
+    /// Call sizes (bytes per rank) the factors are measured at: in cache, past it, far
+    /// past it, and (where timing it is cheap enough) farther still.
+    pub const SIZES: [usize; 4] = [256 << 10, 4 << 20, 16 << 20, 64 << 20];
     /// Field-name prefixes of the factors at each size in cache and model text
-    /// (`near.tree=1.2`, `mid.tree=0.9`, `algo.tree=0.7`).
-    const PREFIXES: [&'static str; 3] = ["near.", "mid.", "algo."];
+    /// (`near.tree=1.2`, `mid.tree=0.9`, `algo.tree=0.7`, `huge.tree=0.8`).
+    const PREFIXES: [&'static str; 4] = ["near.", "mid.", "algo.", "huge."];
     /// Index of the in-cache size in [`AlgoFar::SIZES`].
     pub const NEAR: usize = 0;
     /// Index of the size just past the cache.
     pub const MID: usize = 1;
     /// Index of the size far past it.
     pub const FAR: usize = 2;
+    /// Index of the largest size.
+    pub const HUGE: usize = 3;
 
     fn index(a: Algorithm) -> usize {
         a.code() as usize - 1
@@ -478,7 +481,9 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
     let memory = matches!(links.local, LinkClass::InProcess | LinkClass::SharedMemory);
     if let (true, true, Some(s)) = (one_host, memory, schedules.first()) {
         let size = schedules.iter().map(data_bytes).max().unwrap_or(0);
-        let f = model.algo_far.factor(s.algorithm, size);
+        // On one host, hierarchical runs the ring's schedules.
+        let algorithm = if s.algorithm == Algorithm::Hierarchical { Algorithm::Ring } else { s.algorithm };
+        let f = model.algo_far.factor(algorithm, size);
         path.beta_s *= f;
         path.gamma_s *= f;
     }
