@@ -419,6 +419,12 @@ fn install_model(comm: &Communicator, model: crate::tuner::CostModel, source: cr
     e.recent_plans = Default::default();
 }
 
+/// Passes of the calibration's calls in cache, each a block of [`NEAR_CALLS`] timed
+/// calls of every algorithm in turn.
+const NEAR_PASSES: usize = 3;
+/// Timed calls of each algorithm in a pass in cache.
+const NEAR_CALLS: usize = 15;
+
 /// Fit the links of a one-host world to its ring all-reduce (see
 /// [`crate::tuner::calibrate`]): every rank times the same calls and takes the
 /// slowest rank's medians, so all install the same costs; rank 0 caches them.
@@ -476,22 +482,51 @@ fn calibrate(
     let timed = (|| {
         let mut t = Times {
             tiny: median(tiny_bytes(world), 30, 31)?,
-            near: median(NEAR_BYTES, 30, 15)?,
+            near: 0.0,
             far: median(FAR_BYTES, 8, 7)?,
             algos: [[0.0; TIMED_ALGORITHMS.len()]; AlgoFar::SIZES.len()],
         };
         phases[0] = started.elapsed().as_secs_f64();
         let timed = TIMED_ALGORITHMS.map(|a| worth_timing(a, &model, class, world, busy));
+        // In cache, calls are short enough that a moment of other work on the cores
+        // moves one algorithm's median and not another's, and a pick between them
+        // with it (4 ranks on 2 cores: one cold start in six priced the tree below
+        // halving-doubling at 256 KiB, where it takes 1.4x as long). So the ring and
+        // the others take turns there, in passes, each pass a block of calls of each.
+        let near_turns: Vec<Option<usize>> =
+            std::iter::once(None).chain((0..TIMED_ALGORITHMS.len()).filter(|&i| timed[i]).map(Some)).collect();
+        let mut near_times: Vec<Vec<f64>> = vec![Vec::new(); near_turns.len()];
+        for pass in 0..NEAR_PASSES {
+            for (turn, &i) in near_turns.iter().enumerate() {
+                comm.set_algorithm(Some(i.map_or(Algorithm::Ring, |i| TIMED_ALGORITHMS[i])));
+                // The first pass starts past each algorithm's first trials of both
+                // kinds of store (see `stream_copy::PATTERNS`).
+                let warm = match (pass, i) {
+                    (0, None) => 30,
+                    (0, Some(_)) => 10,
+                    _ => 1,
+                };
+                near_times[turn].extend(time(NEAR_BYTES, warm, NEAR_CALLS)?);
+            }
+        }
+        for (&i, mut times) in near_turns.iter().zip(near_times) {
+            times.sort_by(f64::total_cmp);
+            let m = times[times.len() / 2];
+            match i {
+                None => t.near = m,
+                Some(i) if !ring_fits_itself(TIMED_ALGORITHMS[i], AlgoFar::NEAR) => t.algos[AlgoFar::NEAR][i] = m,
+                Some(_) => {}
+            }
+        }
         for (i, a) in TIMED_ALGORITHMS.iter().enumerate().filter(|&(i, _)| timed[i]) {
             comm.set_algorithm(Some(*a));
             // Past the ring writers' first trials of both kinds of store, which
             // each algorithm makes for itself (see `stream_copy::PATTERNS`).
-            for (at, &bytes) in AlgoFar::SIZES.iter().enumerate().take(AlgoFar::HUGE) {
+            for (at, &bytes) in AlgoFar::SIZES.iter().enumerate().take(AlgoFar::HUGE).skip(AlgoFar::NEAR + 1) {
                 if ring_fits_itself(*a, at) {
                     continue;
                 }
-                let (warm, reps) = if at == AlgoFar::NEAR { (10, 15) } else { (8, 3) };
-                t.algos[at][i] = median(bytes, warm, reps)?;
+                t.algos[at][i] = median(bytes, 8, 3)?;
             }
         }
         // The largest size where the model fitted so far says it is cheap enough.
