@@ -419,11 +419,11 @@ fn install_model(comm: &Communicator, model: crate::tuner::CostModel, source: cr
     e.recent_plans = Default::default();
 }
 
-/// Passes of the calibration's calls in cache, each a block of [`NEAR_CALLS`] timed
-/// calls of every algorithm in turn.
-const NEAR_PASSES: usize = 3;
-/// Timed calls of each algorithm in a pass in cache.
-const NEAR_CALLS: usize = 15;
+/// Passes of the calibration's small calls (4 and 256 KiB), each a block of
+/// [`SMALL_CALLS`] timed calls of every algorithm in turn.
+const SMALL_PASSES: usize = 3;
+/// Timed calls of each algorithm in a pass.
+const SMALL_CALLS: usize = 15;
 
 /// Fit the links of a one-host world to its ring all-reduce (see
 /// [`crate::tuner::calibrate`]): every rank times the same calls and takes the
@@ -481,41 +481,49 @@ fn calibrate(
     let mut phases = [0.0f64; 3];
     let timed = (|| {
         let mut t = Times {
-            tiny: median(tiny_bytes(world), 30, 31)?,
+            tiny: 0.0,
             near: 0.0,
             far: median(FAR_BYTES, 8, 7)?,
             algos: [[0.0; TIMED_ALGORITHMS.len()]; AlgoFar::SIZES.len()],
+            algos_tiny: [0.0; TIMED_ALGORITHMS.len()],
         };
         phases[0] = started.elapsed().as_secs_f64();
         let timed = TIMED_ALGORITHMS.map(|a| worth_timing(a, &model, class, world, busy));
-        // In cache, calls are short enough that a moment of other work on the cores
-        // moves one algorithm's median and not another's, and a pick between them
-        // with it (4 ranks on 2 cores: one cold start in six priced the tree below
-        // halving-doubling at 256 KiB, where it takes 1.4x as long). So the ring and
-        // the others take turns there, in passes, each pass a block of calls of each.
-        let near_turns: Vec<Option<usize>> =
-            std::iter::once(None).chain((0..TIMED_ALGORITHMS.len()).filter(|&i| timed[i]).map(Some)).collect();
-        let mut near_times: Vec<Vec<f64>> = vec![Vec::new(); near_turns.len()];
-        for pass in 0..NEAR_PASSES {
-            for (turn, &i) in near_turns.iter().enumerate() {
-                comm.set_algorithm(Some(i.map_or(Algorithm::Ring, |i| TIMED_ALGORITHMS[i])));
-                // The first pass starts past each algorithm's first trials of both
-                // kinds of store (see `stream_copy::PATTERNS`).
-                let warm = match (pass, i) {
-                    (0, None) => 30,
-                    (0, Some(_)) => 10,
-                    _ => 1,
-                };
-                near_times[turn].extend(time(NEAR_BYTES, warm, NEAR_CALLS)?);
+        // Small calls are short enough that a moment of other work on the cores moves
+        // one algorithm's median and not another's, and a pick between them with it
+        // (4 ranks on 2 cores: one cold start in six priced the tree below
+        // halving-doubling at 256 KiB, where it takes 1.4x as long). So at 4 and 256
+        // KiB the ring and the others take turns, in passes, each pass a block of
+        // calls of each; the ring's medians fit the links, the others' their factors.
+        let turns: Vec<Option<usize>> = std::iter::once(None)
+            .chain(
+                (0..TIMED_ALGORITHMS.len()).filter(|&i| timed[i] && TIMED_ALGORITHMS[i] != Algorithm::Ring).map(Some),
+            )
+            .collect();
+        for bytes in [tiny_bytes(world), NEAR_BYTES] {
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); turns.len()];
+            for pass in 0..SMALL_PASSES {
+                for (turn, &i) in turns.iter().enumerate() {
+                    comm.set_algorithm(Some(i.map_or(Algorithm::Ring, |i| TIMED_ALGORITHMS[i])));
+                    // The first pass starts past each algorithm's first trials of
+                    // both kinds of store (see `stream_copy::PATTERNS`).
+                    let warm = match (pass, i) {
+                        (0, None) => 30,
+                        (0, Some(_)) => 10,
+                        _ => 1,
+                    };
+                    samples[turn].extend(time(bytes, warm, SMALL_CALLS)?);
+                }
             }
-        }
-        for (&i, mut times) in near_turns.iter().zip(near_times) {
-            times.sort_by(f64::total_cmp);
-            let m = times[times.len() / 2];
-            match i {
-                None => t.near = m,
-                Some(i) if !ring_fits_itself(TIMED_ALGORITHMS[i], AlgoFar::NEAR) => t.algos[AlgoFar::NEAR][i] = m,
-                Some(_) => {}
+            for (&i, mut times) in turns.iter().zip(samples) {
+                times.sort_by(f64::total_cmp);
+                let m = times[times.len() / 2];
+                match (i, bytes == NEAR_BYTES) {
+                    (None, false) => t.tiny = m,
+                    (None, true) => t.near = m,
+                    (Some(i), false) => t.algos_tiny[i] = m,
+                    (Some(i), true) => t.algos[AlgoFar::NEAR][i] = m,
+                }
             }
         }
         for (i, a) in TIMED_ALGORITHMS.iter().enumerate().filter(|&(i, _)| timed[i]) {

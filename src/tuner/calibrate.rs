@@ -148,6 +148,9 @@ pub struct Times {
     /// The other algorithms, `algos[at][k]` for [`TIMED_ALGORITHMS`]`[k]` at
     /// [`AlgoFar::SIZES`]`[at]` (not positive: not timed).
     pub algos: [[f64; TIMED_ALGORITHMS.len()]; AlgoFar::SIZES.len()],
+    /// The other algorithms at [`tiny_bytes`] (not positive: not timed; the ring's
+    /// is `tiny`).
+    pub algos_tiny: [f64; TIMED_ALGORITHMS.len()],
 }
 
 // The ring's own fits and the factors' sizes agree where they meet.
@@ -249,19 +252,34 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
     // Each other algorithm's factor at each size, on top of the ring's fit as
     // installed: a call of one of the sizes is priced by that size's factor alone.
     // Not timed at the largest size, it keeps the factor of the one before.
+    // The factor on fixed costs, from the 4 KiB call, weighs a little on the calls
+    // in cache and their factor on the 4 KiB one: a few alternations settle both.
     let (lo, hi) = AlgoFar::BOUNDS;
-    for (at, times_at) in times.algos.iter().enumerate() {
-        for (&a, &t) in TIMED_ALGORITHMS.iter().zip(times_at) {
-            if at == AlgoFar::HUGE && !ok(t) {
-                m.algo_far.set_at(a, at, m.algo_far.get_at(a, AlgoFar::FAR));
-            } else if ok(t) {
+    for _ in 0..FIT_ROUNDS {
+        for (&a, &t) in TIMED_ALGORITHMS.iter().zip(&times.algos_tiny) {
+            if ok(t) && a != Algorithm::Ring {
                 let base = m;
                 let factor = solve(lo, hi, t, |f| {
                     let mut with = base;
-                    with.algo_far.set_at(a, at, f);
-                    terms_of(a, &with, class, world, busy, AlgoFar::SIZES[at]).seconds()
+                    with.algo_far.set_latency(a, f);
+                    terms_of(a, &with, class, world, busy, tiny_bytes(world)).seconds()
                 });
-                m.algo_far.set_at(a, at, factor);
+                m.algo_far.set_latency(a, factor);
+            }
+        }
+        for (at, times_at) in times.algos.iter().enumerate() {
+            for (&a, &t) in TIMED_ALGORITHMS.iter().zip(times_at) {
+                if at == AlgoFar::HUGE && !ok(t) {
+                    m.algo_far.set_at(a, at, m.algo_far.get_at(a, AlgoFar::FAR));
+                } else if ok(t) {
+                    let base = m;
+                    let factor = solve(lo, hi, t, |f| {
+                        let mut with = base;
+                        with.algo_far.set_at(a, at, f);
+                        terms_of(a, &with, class, world, busy, AlgoFar::SIZES[at]).seconds()
+                    });
+                    m.algo_far.set_at(a, at, factor);
+                }
             }
         }
     }
@@ -298,6 +316,10 @@ mod tests {
                     truth.algo_far.set_at(a, at, f);
                 }
             }
+            let latency = [1.4, 0.9, 1.0, 2.1, 1.0];
+            for (&a, &f) in TIMED_ALGORITHMS.iter().zip(&latency) {
+                truth.algo_far.set_latency(a, f);
+            }
             let at = |bytes| ring_terms(&truth, class, world, busy, bytes).seconds();
             let mut algos = AlgoFar::SIZES
                 .map(|bytes| TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, bytes).seconds()));
@@ -308,8 +330,16 @@ mod tests {
                     }
                 }
             }
-            let times = Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos };
+            let mut algos_tiny =
+                TIMED_ALGORITHMS.map(|a| terms_of(a, &truth, class, world, busy, tiny_bytes(world)).seconds());
+            algos_tiny[4] = 0.0; // the ring's is `tiny`
+            let times =
+                Times { tiny: at(tiny_bytes(world)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos, algos_tiny };
             let got = fit(&base, class, world, busy, times);
+            for (&a, &f) in TIMED_ALGORITHMS.iter().zip(&latency) {
+                let g = got.algo_far.get_latency(a);
+                assert!((g / f - 1.0).abs() < 1e-3, "world {world}: {a} latency factor {g} vs {f}");
+            }
             for (i, row) in factors.iter().enumerate() {
                 for (&a, &f) in TIMED_ALGORITHMS.iter().zip(row) {
                     let g = got.algo_far.get_at(a, i);
@@ -352,7 +382,8 @@ mod tests {
             algos[at] = TIMED_ALGORITHMS.map(|a| 1.5 * terms_of(a, &base, class, 2, false, bytes).seconds());
         }
         let at = |bytes| ring_terms(&base, class, 2, false, bytes).seconds();
-        let times = Times { tiny: at(tiny_bytes(2)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos };
+        let times =
+            Times { tiny: at(tiny_bytes(2)), near: at(NEAR_BYTES), far: at(FAR_BYTES), algos, algos_tiny: [0.0; 5] };
         let got = fit(&base, class, 2, false, times);
         for a in TIMED_ALGORITHMS {
             assert_eq!(got.algo_far.get_at(a, AlgoFar::HUGE), got.algo_far.get(a), "{a}");
@@ -434,12 +465,20 @@ mod tests {
                     [-0.0, f64::NAN, 0.0, f64::INFINITY, -1.0],
                     [f64::NAN; 5],
                 ],
+                algos_tiny: [f64::NAN, -1.0, 0.0, f64::INFINITY, 1.0],
             },
         );
         assert_eq!(got.cost, c);
         assert_eq!(got.busy_round, base.busy_round);
         assert_eq!(got.algo_far, AlgoFar::default());
-        let tiny = fit(&base, class, 4, true, Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [[1e-9; 5]; 4] });
+        let tiny = fit(
+            &base,
+            class,
+            4,
+            true,
+            Times { tiny: 1e-9, near: 1e-9, far: 1e-9, algos: [[1e-9; 5]; 4], algos_tiny: [1e-9; 5] },
+        );
+        assert!((tiny.algo_far.get_latency(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9);
         assert!((tiny.algo_far.get(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped, not absurd");
         assert!((tiny.algo_far.get_near(Algorithm::Tree) / AlgoFar::BOUNDS.0 - 1.0).abs() < 1e-9, "clamped too");
         assert!(tiny.cost.far >= 1.0);
