@@ -111,7 +111,9 @@ fn measured_text_round_trips_and_rejects_garbage() {
     assert_eq!(text.parse::<Measured>().unwrap(), with_algos);
     with_algos.algo_far.set_near(Algorithm::HalvingDoubling, 1.3);
     with_algos.algo_far.set_at(Algorithm::Doubling, AlgoFar::MID, 2.5);
+    with_algos.algo_far.set_latency(Algorithm::Direct, 1.75);
     let text = with_algos.to_string();
+    assert!(text.contains(" lat.direct=1.75"), "{text}");
     assert!(text.contains(" near.halving-doubling=1.3"), "{text}");
     assert!(text.contains(" mid.doubling=2.5"), "{text}");
     assert_eq!(text.parse::<Measured>().unwrap(), with_algos);
@@ -131,6 +133,7 @@ fn measured_text_round_trips_and_rejects_garbage() {
         "alpha=1 beta=2 near.spiral=1",
         "alpha=1 beta=2 near.tree=",
         "alpha=1 beta=2 mid.ring=one",
+        "alpha=1 beta=2 lat.spiral=1",
     ] {
         assert!(bad.parse::<Measured>().is_err(), "{bad}");
     }
