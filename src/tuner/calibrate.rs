@@ -170,6 +170,13 @@ fn solve(mut lo: f64, mut hi: f64, target: f64, predicted: impl Fn(f64) -> f64) 
     0.5 * (lo + hi)
 }
 
+/// The factor `f` that makes `fixed + f x scaled` equal `target`, within
+/// [`AlgoFar::BOUNDS`]; None when `scaled` is not positive (nothing to scale).
+fn linear_factor(target: f64, fixed: f64, scaled: f64) -> Option<f64> {
+    let (lo, hi) = AlgoFar::BOUNDS;
+    (scaled > 0.0).then(|| ((target - fixed) / scaled).clamp(lo, hi))
+}
+
 /// Alternations of the fixed-cost and bandwidth fits.
 const FIT_ROUNDS: usize = 8;
 
@@ -254,17 +261,17 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
     // Not timed at the largest size, it keeps the factor of the one before.
     // The factor on fixed costs, from the 4 KiB call, weighs a little on the calls
     // in cache and their factor on the 4 KiB one: a few alternations settle both.
-    let (lo, hi) = AlgoFar::BOUNDS;
+    // A prediction is linear in each factor (the factors scale the critical path's
+    // terms once it is found), so each is solved from one prediction without it.
     for _ in 0..FIT_ROUNDS {
         for (&a, &t) in TIMED_ALGORITHMS.iter().zip(&times.algos_tiny) {
             if ok(t) && a != Algorithm::Ring {
-                let base = m;
-                let factor = solve(lo, hi, t, |f| {
-                    let mut with = base;
-                    with.algo_far.set_latency(a, f);
-                    terms_of(a, &with, class, world, busy, tiny_bytes(world)).seconds()
-                });
-                m.algo_far.set_latency(a, factor);
+                let mut without = m;
+                without.algo_far.set_latency(a, 1.0);
+                let p = terms_of(a, &without, class, world, busy, tiny_bytes(world));
+                if let Some(f) = linear_factor(t, p.beta_s + p.gamma_s, p.alpha_s) {
+                    m.algo_far.set_latency(a, f);
+                }
             }
         }
         for (at, times_at) in times.algos.iter().enumerate() {
@@ -272,13 +279,12 @@ pub fn fit(model: &CostModel, class: LinkClass, world: usize, busy: bool, times:
                 if at == AlgoFar::HUGE && !ok(t) {
                     m.algo_far.set_at(a, at, m.algo_far.get_at(a, AlgoFar::FAR));
                 } else if ok(t) {
-                    let base = m;
-                    let factor = solve(lo, hi, t, |f| {
-                        let mut with = base;
-                        with.algo_far.set_at(a, at, f);
-                        terms_of(a, &with, class, world, busy, AlgoFar::SIZES[at]).seconds()
-                    });
-                    m.algo_far.set_at(a, at, factor);
+                    let mut without = m;
+                    without.algo_far.set_at(a, at, 1.0);
+                    let p = terms_of(a, &without, class, world, busy, AlgoFar::SIZES[at]);
+                    if let Some(f) = linear_factor(t, p.alpha_s, p.beta_s + p.gamma_s) {
+                        m.algo_far.set_at(a, at, f);
+                    }
                 }
             }
         }
