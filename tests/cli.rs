@@ -275,17 +275,7 @@ fn perf_over_an_unavailable_transport_says_why_in_one_line() {
 
 #[test]
 fn perf_writes_json_lines() {
-    let dir = std::env::temp_dir().join(format!("braid-perf-json-{}", std::process::id()));
-    let _ = std::fs::remove_file(&dir);
-    let out = Command::new(BRAID)
-        .args(["perf", "--ranks", "2", "--min-bytes", "4K", "--max-bytes", "64K", "--factor", "16", "--iters", "5"])
-        .args(["--check", "--json"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&dir).unwrap();
-    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows = perf_json_rows("json", "perf --ranks 2 --min-bytes 4K --max-bytes 64K --factor 16 --iters 5 --check");
     assert_eq!(rows.len(), 2);
     for key in
         ["op", "bytes", "count", "dtype", "ranks", "transport", "algo", "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
@@ -294,27 +284,28 @@ fn perf_writes_json_lines() {
     }
     assert_eq!(rows[1]["bytes"], 65536);
     assert_eq!(rows[1]["wrong"], 0);
-    let _ = std::fs::remove_file(&dir);
+}
+
+/// The rows `braid ARGS --json FILE` wrote (ARGS split at spaces; a file of its own
+/// per `name`), after checking that it succeeded.
+fn perf_json_rows(name: &str, args: &str) -> Vec<serde_json::Value> {
+    let path = std::env::temp_dir().join(format!("braid-perf-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let out = Command::new(BRAID).args(args.split_whitespace()).arg("--json").arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 /// `--algo all` alternates the tuner's pick and every all-reduce algorithm in passes
 /// at each size, and still reports one checked row for each, in rotation order.
 #[test]
 fn perf_algo_all_reports_every_algorithm_once_per_size_checked() {
-    let path = std::env::temp_dir().join(format!("braid-perf-all-{}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
     // 7 timed calls over 5 passes: blocks of 2, 2, 1, 1 and 1.
-    let out = Command::new(BRAID)
-        .args(["perf", "--op", "all-reduce", "--ranks", "3", "-b", "4K", "-e", "64K", "-f", "16", "-n", "7", "-w", "1"])
-        .args(["--algo", "all", "--check", "--json"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&path).unwrap();
-    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows = perf_json_rows("all", "perf --op all-reduce --ranks 3 -b 4K -e 64K -f 16 -n 7 -w 1 --algo all --check");
     let algos = ["tree", "halving-doubling", "direct", "ring", "doubling", "hierarchical"];
-    assert_eq!(rows.len(), 2 * (1 + algos.len()), "{text}");
+    assert_eq!(rows.len(), 2 * (1 + algos.len()), "{rows:?}");
     for (size, block) in [4096, 65536].into_iter().zip(rows.chunks(1 + algos.len())) {
         let auto = block[0]["algo"].as_str().unwrap();
         assert!(auto.strip_prefix("auto:").is_some_and(|a| algos.contains(&a)), "{auto}");
@@ -327,7 +318,6 @@ fn perf_algo_all_reports_every_algorithm_once_per_size_checked() {
             assert!(row["time_us"].as_f64().unwrap() > 0.0, "{row}");
         }
     }
-    let _ = std::fs::remove_file(&path);
 }
 
 #[test]
