@@ -572,7 +572,7 @@ fn calibrate(
         gamma_gbps = 1.0 / cost.gamma / 1e9,
         far = cost.far,
         algo_far = ?fitted.algo_far,
-        ring_s = phases[0],
+        ring_16_mib_s = phases[0],
         algorithms_s = phases[1] - phases[0],
         largest_s = phases[2] - phases[1],
         "tuner calibrated {class} links to ring all-reduce (and the other algorithms past the cache)"
