@@ -473,8 +473,9 @@ enum braid_result braid_comm_destroy(struct braid_comm *comm);
 /**
  * Abort `comm`, from any thread, also while calls are in flight: they and every
  * later call on it return `BRAID_ERR_ABORTED` (the one in flight within a fraction
- * of a second), and the peers' calls fail with `BRAID_ERR_REMOTE` instead of
- * waiting for a deadline. Never blocks; cannot be undone. Destroy the handle as usual.
+ * of a second), and the peers' calls that still need this rank fail with
+ * `BRAID_ERR_REMOTE` instead of waiting for a deadline (a call this rank already
+ * served completes on them). Never blocks; cannot be undone. Destroy the handle as usual.
  *
  * # Safety
  * `comm` is NULL or a live handle.

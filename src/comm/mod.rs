@@ -253,8 +253,10 @@ impl Communicator {
     /// or queued: each of them, and every later call, returns
     /// [`Error::Aborted`] — the one in flight within its executor's next pass
     /// (well under a second on every transport) — and the peers are sent an
-    /// abort frame, so their calls fail with [`Error::PeerAborted`] instead of
-    /// waiting for a deadline. Never blocks on the call in flight. Cannot be undone.
+    /// abort frame after everything this rank sent them, so their calls that still
+    /// need this rank fail with [`Error::PeerAborted`] instead of waiting for a
+    /// deadline, while a call this rank already served completes. Never blocks on
+    /// the call in flight. Cannot be undone.
     pub fn abort(&self) {
         self.core.shared.abort();
     }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::io;
 
 use super::single_copy::{pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
-use super::{CallInfo, InMsg, Rx, StreamChannel, MAX_REASON, REDUCE_GRAIN, SEGMENT_BYTES};
+use super::{CallInfo, Gone, InMsg, Rx, StreamChannel, MAX_REASON, REDUCE_GRAIN, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::executor::peer_error;
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
@@ -150,19 +150,24 @@ pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [us
             }
         }
         match &mut ch.rx {
-            Rx::Closed => {
-                if ch.inq.is_empty() {
-                    return Ok(progressed);
+            Rx::Gone(_) => {
+                // Consumed up to the peer's last frame: only what still needs it fails.
+                if let (Rx::Gone(g), true) = (&ch.rx, ch.needs_peer()) {
+                    return Err(g.error(call, peer));
                 }
-                let e = io::Error::new(io::ErrorKind::UnexpectedEof, "closed");
-                return Err(peer_error(call, peer, true, e));
+                return Ok(progressed);
             }
             Rx::Header { have } => {
                 let n = match ch.link.try_read(&mut ch.hdr[*have..]) {
                     Ok(n) => n,
-                    // An orderly close is only an error if this rank still needs the peer.
-                    Err(e) if ch.said_goodbye && *have == 0 && e.kind() == io::ErrorKind::UnexpectedEof => {
-                        ch.rx = Rx::Closed;
+                    // An end of the link (orderly or not) between frames is only an
+                    // error if this rank still needs the peer; mid-header it always is.
+                    Err(e) if *have == 0 => {
+                        ch.rx = Rx::Gone(if ch.said_goodbye && e.kind() == io::ErrorKind::UnexpectedEof {
+                            Gone::Goodbye
+                        } else {
+                            Gone::Lost(e.kind(), e.to_string())
+                        });
                         continue;
                     }
                     Err(e) => return Err(peer_error(call, peer, ch.said_goodbye, e)),
@@ -219,8 +224,10 @@ pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [us
                 };
                 buf.extend_from_slice(&tmp[..n]);
                 if buf.len() >= *want || cut {
-                    let reason = String::from_utf8_lossy(buf).into_owned();
-                    return Err(Error::PeerAborted { ctx: call.ctx.clone(), peer, reason });
+                    // Everything the peer sent before its abort has been consumed:
+                    // the abort fails only what still needs the peer (see `Rx::Gone`).
+                    ch.rx = Rx::Gone(Gone::Aborted(String::from_utf8_lossy(buf).into_owned()));
+                    continue;
                 }
                 if n == 0 {
                     return Ok(progressed);

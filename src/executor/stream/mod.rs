@@ -25,12 +25,13 @@
 //! late gets an error instead of memory its owner has freed.
 
 use std::collections::VecDeque;
+use std::io;
 use std::time::Instant;
 
 use super::channel::{require_host, MemRegion, PeerChannel, Readiness, Reduction};
 use super::{peer_error, CallInfo};
 use crate::config::Tuning;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::frame::{FrameKind, Header, HEADER_LEN};
 use crate::registered::SegmentCache;
 use crate::transport::{Link, TransportKind};
@@ -81,8 +82,32 @@ enum Rx {
     Reason { want: usize, buf: Vec<u8> },
     /// Skipping the padding after a payload.
     Pad { left: usize },
-    /// The peer said goodbye and closed: fine until something is expected from it.
-    Closed,
+    /// The peer will send nothing more (it said goodbye, aborted, or its link
+    /// ended): fine until this rank needs something of it.
+    Gone(Gone),
+}
+
+/// Why a peer will send nothing more on its link. Everything it sent before is
+/// consumed first, so a peer that finished a call and then left fails only the
+/// calls that still need it (a receive from it, a send it has not taken, an ack).
+pub(super) enum Gone {
+    /// It said goodbye: its communicator was closed in order.
+    Goodbye,
+    /// It sent an abort frame with this reason.
+    Aborted(String),
+    /// The link ended or failed without a word (the process exited or was killed).
+    Lost(io::ErrorKind, String),
+}
+
+impl Gone {
+    /// The error of a call that needs the peer that is gone.
+    pub(super) fn error(&self, call: &CallInfo, peer: usize) -> Error {
+        match self {
+            Gone::Goodbye => peer_error(call, peer, true, io::Error::new(io::ErrorKind::UnexpectedEof, "closed")),
+            Gone::Aborted(reason) => Error::PeerAborted { ctx: call.ctx.clone(), peer, reason: reason.clone() },
+            Gone::Lost(kind, detail) => peer_error(call, peer, false, io::Error::new(*kind, detail.clone())),
+        }
+    }
 }
 
 /// A link plus the framing state that survives between operations, and the
@@ -164,6 +189,22 @@ impl StreamChannel {
         }
         require_host(region, what, self.link.peer(), self.link.kind(), call)
     }
+
+    /// A transfer with a peer that is gone fails when posted: it would never be taken.
+    #[inline]
+    fn require_present(&self, call: &CallInfo) -> Result<()> {
+        match &self.rx {
+            Rx::Gone(g) => Err(g.error(call, self.link.peer())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a transfer posted in this call still needs the peer: a receive from
+    /// it, a send it has not taken whole, or the ack of a read of this rank's memory.
+    /// (An ack this rank owes a peer that is gone is owed to nobody.)
+    fn needs_peer(&self) -> bool {
+        !self.inq.is_empty() || !self.out.is_empty() || self.acks_awaited > 0
+    }
 }
 
 impl PeerChannel for StreamChannel {
@@ -173,6 +214,7 @@ impl PeerChannel for StreamChannel {
 
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()> {
         self.require_host(&src, "a send to", call)?;
+        self.require_present(call)?;
         // A small plain send with nothing queued before it leaves now: no queue entry,
         // and the peer's data (and so its wait) starts a pass earlier.
         if first_gate.is_none()
@@ -196,6 +238,7 @@ impl PeerChannel for StreamChannel {
         call: &CallInfo,
     ) -> Result<()> {
         self.require_host(&dst, "a receive from", call)?;
+        self.require_present(call)?;
         if let Some(r) = &reduce {
             self.require_host(&r.src, "the local operand of a receive-reduce from", call)?;
         }
@@ -216,6 +259,10 @@ impl PeerChannel for StreamChannel {
     }
 
     fn progress(&mut self, peer: usize, gates: &mut [usize], call: &CallInfo) -> Result<bool> {
+        if let Rx::Gone(g) = &self.rx {
+            self.acks_owed = 0;
+            return if self.needs_peer() { Err(g.error(call, peer)) } else { Ok(false) };
+        }
         // Most passes of a small call have nothing to send: that costs a check here,
         // not a call (progress_send would find both queues empty and return false).
         let sent = if self.out.is_empty() && self.acks_owed == 0 {
@@ -244,6 +291,10 @@ impl PeerChannel for StreamChannel {
         }
         // Watch input when a receive or an ack is awaited, or (idle) for an abort
         // or EOF — but not when a complete header already waits for its step.
+        // A peer that is gone is not watched: progress fails at once if it is needed.
+        if matches!(self.rx, Rx::Gone(_)) {
+            return Readiness::Fd { fd, events: 0 };
+        }
         if !self.inq.is_empty() || self.acks_awaited > 0 || matches!(self.rx, Rx::Header { .. } | Rx::Reason { .. }) {
             events |= libc::POLLIN;
         }
