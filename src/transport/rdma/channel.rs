@@ -265,6 +265,7 @@ impl<N: Nic> PeerChannel for RdmaChannel<N> {
     }
 
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()> {
+        self.proto.check_peer_aborted(self.peer, call)?;
         self.proto.post_send(src, first_gate, call)?;
         if src.len > 0 {
             let seg = segment_of(src.ptr as usize, src.len);
@@ -286,6 +287,7 @@ impl<N: Nic> PeerChannel for RdmaChannel<N> {
         forward: Option<&mut Vec<usize>>,
         call: &CallInfo,
     ) -> Result<()> {
+        self.proto.check_peer_aborted(self.peer, call)?;
         self.proto.post_recv(dst, reduce, forward, self.peer, call)
     }
 

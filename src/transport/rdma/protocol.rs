@@ -250,6 +250,10 @@ pub struct Protocol {
     /// Receive work requests to post with the next actions.
     recv_wrs_due: usize,
     said_goodbye: bool,
+    /// The reason of the peer's abort chunk, once it came: everything the peer
+    /// wrote before it was taken first, and only requests that still need the peer
+    /// fail (a peer that served this call and then aborted fails nothing).
+    peer_aborted: Option<String>,
 }
 
 // SAFETY: the raw pointers of posted requests are held only during a call of the
@@ -290,6 +294,7 @@ impl Protocol {
             recv_wrs: 0,
             recv_wrs_due: spec.recv_wrs(),
             said_goodbye: false,
+            peer_aborted: None,
         }
     }
 
@@ -308,6 +313,14 @@ impl Protocol {
     /// Whether the peer said goodbye.
     pub fn said_goodbye(&self) -> bool {
         self.said_goodbye
+    }
+
+    /// The error for a request that needs a peer that aborted, if it did.
+    pub fn check_peer_aborted(&self, peer: usize, call: &CallInfo) -> Result<()> {
+        match &self.peer_aborted {
+            Some(reason) => Err(Error::PeerAborted { ctx: call.ctx.clone(), peer, reason: reason.clone() }),
+            None => Ok(()),
+        }
     }
 
     /// Post a send of `src` (host memory), a forward when `first_gate` is given.
@@ -512,6 +525,9 @@ impl Protocol {
             self.sends.pop_front();
             moved = true;
         }
+        if self.busy() {
+            self.check_peer_aborted(peer, call)?;
+        }
         Ok(moved)
     }
 
@@ -533,7 +549,11 @@ impl Protocol {
                 FrameKind::Data => {}
                 FrameKind::Abort => {
                     let reason = String::from_utf8_lossy(&payload[..a.len.min(MAX_REASON)]).into_owned();
-                    return Err(Error::PeerAborted { ctx: call.ctx.clone(), peer, reason });
+                    self.peer_aborted = Some(reason);
+                    self.arrivals.pop_front();
+                    self.owed += 1;
+                    moved = true;
+                    continue;
                 }
                 FrameKind::Goodbye => {
                     self.said_goodbye = true;

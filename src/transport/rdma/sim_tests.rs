@@ -474,6 +474,36 @@ fn an_abort_chunk_reports_the_peers_reason_and_goodbye_is_no_error() {
     assert!(p.said_goodbye() && !p.busy());
 }
 
+/// Issue 31, defect 1: a peer that sent everything this rank's call needed and
+/// then aborted fails nothing of that call; only a later request that needs it.
+#[test]
+fn an_abort_after_everything_the_call_needed_fails_only_later_requests() {
+    let mut net = Net::new(2, &[(0, 1)], SMALL, 8);
+    let mut src: Vec<u8> = (0..200u8).collect();
+    let mut dst = vec![0u8; 200];
+    net.send(0, 1, host(&mut src), None);
+    net.recv(1, 0, host(&mut dst), None, false);
+    net.run().unwrap();
+    assert_eq!(dst, src);
+    let (i, j) = (net.end(0, 1), net.end(1, 0));
+    let a = net.ends[i].proto.control(FrameKind::Abort, 0xc0ffee, 1, "rank 0 was aborted").unwrap();
+    let Action::Write { wr_id, slot, header, data: WriteData::Bytes(b), imm } = a else {
+        panic!("a control chunk is a write")
+    };
+    let mut bytes = header.to_vec();
+    bytes.extend_from_slice(&b);
+    net.ends[i].wire.push_back(InFlight { slot: Some(slot), bytes, imm, wr_id });
+    net.progress(j).unwrap();
+    assert!(net.land(i).unwrap(), "the abort chunk lands");
+    net.progress(j).expect("nothing of rank 1 needs rank 0 any more");
+    let mut later = vec![0u8; 8];
+    net.recv(1, 0, host(&mut later), None, false);
+    match net.progress(j) {
+        Err(Error::PeerAborted { peer: 0, reason, .. }) => assert_eq!(reason, "rank 0 was aborted"),
+        other => panic!("a receive from the aborted peer must fail with its reason, got {other:?}"),
+    }
+}
+
 #[test]
 fn ring_specs_outside_what_the_immediate_and_slots_carry_are_refused() {
     assert!(RingSpec::DEFAULT.check().is_ok());
