@@ -70,12 +70,35 @@ fn from_half(wire: DType, b: [u8; 2]) -> f32 {
     }
 }
 
+/// The largest finite `wire` value.
+fn half_max(wire: DType) -> f32 {
+    if wire == DType::F16 {
+        f16::MAX.to_f32()
+    } else {
+        bf16::MAX.to_f32()
+    }
+}
+
 /// Append `f32s` (little-endian f32 bytes) plus `residual` to `out` as `wire`
 /// halves, leaving in `residual` what rounding dropped.
+///
+/// A finite value past the half range travels as the largest half of its sign and
+/// the rest waits in the residual: rounded, it would become an infinity, and the
+/// residual `v - inf` a NaN that no later step could leave. An infinity or NaN (a
+/// loss-scaling step that overflowed) travels as itself, as it would uncompressed,
+/// and leaves the residual as it was, so the next steps are finite again.
 pub(super) fn compress(wire: DType, f32s: &[u8], residual: &mut [f32], out: &mut Vec<u8>) {
+    let max = half_max(wire);
     for (x, r) in f32s.chunks_exact(4).zip(residual.iter_mut()) {
-        let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) + *r;
-        let h = to_half(wire, v);
+        let x = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+        if !x.is_finite() {
+            out.extend_from_slice(&to_half(wire, x));
+            continue;
+        }
+        // Finite values summing past the f32 range stay finite (only there is anything lost).
+        let v = (x + *r).clamp(-f32::MAX, f32::MAX);
+        let h = to_half(wire, v.clamp(-max, max));
+        // `h` is `v` rounded, or the largest half of its sign: the difference is finite.
         *r = v - from_half(wire, h);
         out.extend_from_slice(&h);
     }
@@ -178,6 +201,58 @@ mod tests {
                 if wire == DType::BF16 {
                     assert!((without[i] - exact).abs() > 10.0 * (with[i] - exact).abs(), "{i}");
                 }
+            }
+        }
+    }
+
+    fn floats(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4).map(|x| f32::from_le_bytes(x.try_into().unwrap())).collect()
+    }
+
+    /// One step: what travels for `x` (widened back) and the residual after it.
+    fn step(wire: DType, x: &[f32], residual: &mut [f32]) -> Vec<f32> {
+        let mut out = Vec::new();
+        compress(wire, &bytes(x), residual, &mut out);
+        let mut back = vec![0u8; 4 * x.len()];
+        decompress(wire, &out, &mut back);
+        floats(&back)
+    }
+
+    #[test]
+    fn overflow_saturates_and_infinities_and_nans_pass_without_entering_the_residual() {
+        for wire in [DType::F16, DType::BF16] {
+            let max = half_max(wire);
+            // Past the half range (f16), and an f32 value past bf16's largest.
+            let big = if wire == DType::F16 { 70_000.0 } else { f32::MAX };
+            let mut residual = vec![0.0f32; 5];
+            // A loss-scaling step that overflowed: one finite overflow, both
+            // infinities and a NaN.
+            let sent = step(wire, &[big, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0], &mut residual);
+            assert_eq!(sent[0], max, "{wire:?}: a finite overflow saturates");
+            assert_eq!(sent[1], f32::INFINITY, "{wire:?}");
+            assert_eq!(sent[2], f32::NEG_INFINITY, "{wire:?}");
+            assert!(sent[3].is_nan(), "{wire:?}");
+            assert_eq!(sent[4], 1.0, "{wire:?}");
+            assert!(residual.iter().all(|r| r.is_finite()), "{wire:?}: {residual:?}");
+            assert_eq!(residual[0], big - max, "{wire:?}: the rest of the overflow is carried");
+            assert_eq!(&residual[1..], &[0.0; 4], "{wire:?}: non-finite values leave the residual alone");
+            // The next steps are finite and correct: the carried remainder comes out
+            // with small gradients, and the sum over the steps is the sum sent in.
+            let mut total = f64::from(sent[0]);
+            for s in 0..3 {
+                let sent = step(wire, &[1.0, 2.0, -2.0, 0.5, 1.0], &mut residual);
+                assert!(sent.iter().all(|v| v.is_finite()), "{wire:?} step {s}: {sent:?}");
+                assert_eq!(&sent[1..], &[2.0, -2.0, 0.5, 1.0], "{wire:?} step {s}");
+                assert!(residual.iter().all(|r| r.is_finite()), "{wire:?} step {s}: {residual:?}");
+                total += f64::from(sent[0]);
+            }
+            let want = f64::from(big) + 3.0;
+            let rel = (total + f64::from(residual[0]) - want).abs() / want;
+            assert!(rel < 1e-6, "{wire:?}: sent {total} + residual {} for {want}", residual[0]);
+            if wire == DType::F16 {
+                // 65504, then 4496 + 1 rounded to 4496, then the 1 left over with 1:
+                // 70003 in all, nothing left behind.
+                assert_eq!((total, residual[0]), (70_003.0, 0.0));
             }
         }
     }
