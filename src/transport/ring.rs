@@ -242,13 +242,22 @@ impl RingWriter {
         self.view.cap
     }
 
+    /// Whether the reader's `tail` is one it could have reached: not behind what this
+    /// end saw, not past `head`, and not inside the bytes skipped by the last rewind
+    /// (the reader jumps from `skip_from` to where bytes resume, never between: a
+    /// tail there would count more than the capacity as buffered).
+    fn tail_is_valid(&self, tail: u64) -> bool {
+        let skipped = tail > self.skip_from && tail < next_lap(self.skip_from, self.view.cap);
+        tail >= self.seen_tail && tail <= self.head && !skipped
+    }
+
     /// Bytes buffered now, from the reader's checked `tail`.
     fn used(&mut self) -> io::Result<usize> {
         let tail = self.view.hdr().tail.0.load(Ordering::Acquire);
-        if tail < self.seen_tail || tail > self.head {
+        if !self.tail_is_valid(tail) {
             return Err(corrupt(format!(
-                "ring tail moved from {} to {tail} with head at {}: the reader broke the protocol",
-                self.seen_tail, self.head
+                "ring tail moved from {} to {tail} with head at {} (last rewind at {}): the reader broke the protocol",
+                self.seen_tail, self.head, self.skip_from
             )));
         }
         self.seen_tail = tail;
@@ -354,7 +363,7 @@ impl RingWriter {
     /// [`RingWriter::write`] reports that).
     pub fn free(&self) -> usize {
         let tail = self.view.hdr().tail.0.load(Ordering::Acquire);
-        if tail < self.seen_tail || tail > self.head {
+        if !self.tail_is_valid(tail) {
             return 0;
         }
         self.view.cap - self.buffered(tail)

@@ -230,6 +230,36 @@ fn a_forged_skip_is_invalid_data_not_a_read_elsewhere() {
 }
 
 #[test]
+fn a_tail_inside_the_rewind_gap_is_invalid_data_not_free_space() {
+    let cap = 64usize << 10;
+    let (mut w, mut r) = heap_ring(cap);
+    let first = vec![1u8; 20_000];
+    assert_eq!(w.write(&[&first]).unwrap(), first.len());
+    let mut out = vec![0u8; cap];
+    assert_eq!(r.read(&mut out).unwrap(), first.len());
+    // The writer rewinds at 20 000 (bytes resume at 64 Ki) and fills the ring
+    // before the reader has looked: head 128 Ki, the reader still at 20 000.
+    let fill: Vec<u8> = (0..cap).map(|i| i as u8).collect();
+    assert_eq!(w.write(&[&fill]).unwrap(), cap);
+    assert_eq!((w.skip_from, w.head), (20_000, 2 * cap as u64));
+    assert_eq!(w.free(), 0);
+    // A bad reader claims a tail between the rewind and where bytes resume: no
+    // reader can stand there, and it would count 111 071 bytes buffered in a
+    // ring of 65 536.
+    r.view.hdr().tail.0.store(20_001, Ordering::Release);
+    assert_eq!(w.free(), 0);
+    let e = w.write(&[b"y"]).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    assert!(e.to_string().contains("broke the protocol"), "{e}");
+    assert_eq!(w.head, 2 * cap as u64, "nothing written into the full ring");
+    // With the true counter back, the ring is still full and holds what was written.
+    r.view.hdr().tail.0.store(20_000, Ordering::Release);
+    assert_eq!(w.write(&[b"y"]).unwrap(), 0);
+    assert_eq!(r.read(&mut out).unwrap(), cap);
+    assert_eq!(out, fill);
+}
+
+#[test]
 fn a_writer_attaching_ignores_a_skip_no_writer_could_have_made() {
     let layout = Layout::from_size_align(region_len(1000), RING_ALIGN).unwrap();
     // SAFETY: non-zero size; freed below.
