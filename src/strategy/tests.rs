@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use super::checkpoint::{decode, encode};
+use super::checkpoint::{decode, encode, read_capped};
 use super::*;
 use crate::comm::Communicator;
 
@@ -187,6 +187,88 @@ fn damaged_checkpoints_are_refused() {
         let e = decode(&lie, "t").unwrap_err().to_string();
         assert!(e.contains("tensors") || e.contains("lengths"), "{e}");
     }
+}
+
+#[test]
+fn saving_never_follows_a_symlink_planted_at_a_temporary_name() {
+    let path = temp("symlink");
+    let dir = path.parent().unwrap().to_path_buf();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    // The name saves used to write through first, predictable from the pid.
+    std::os::unix::fs::symlink(&victim, path.with_extension(format!("tmp{}", std::process::id()))).unwrap();
+    let c = Checkpoint { epoch: 1, vars: vec![vec![1.0, 2.0]] };
+    write_checkpoint(&path, &c).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "the symlink's target was written");
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_file(), "the checkpoint is a file of its own");
+    assert_eq!(read_checkpoint(&path, None).unwrap(), c);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn threads_saving_paths_that_differ_by_extension_each_keep_their_own() {
+    let dir = temp("extensions").parent().unwrap().to_path_buf();
+    // `a.ckpt` and `a.bin` used to share the temporary `a.tmpPID`, which is also
+    // the third path.
+    let paths = ["a.ckpt".to_string(), "a.bin".to_string(), format!("a.tmp{}", std::process::id())];
+    let barrier = std::sync::Barrier::new(paths.len());
+    // Failures are collected, not raised: a thread that stopped would leave the
+    // others waiting at the barrier.
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let threads: Vec<_> = (paths.iter().enumerate())
+            .map(|(t, name)| {
+                let (path, barrier) = (dir.join(name), &barrier);
+                s.spawn(move || {
+                    let mut failures = Vec::new();
+                    for epoch in 0..60u64 {
+                        let c = Checkpoint { epoch, vars: vec![vec![t as f32; 1 + t], vec![epoch as f32]] };
+                        barrier.wait();
+                        let saved = write_checkpoint(&path, &c);
+                        barrier.wait();
+                        match saved.and_then(|()| read_checkpoint(&path, None)) {
+                            Ok(back) if back == c => {}
+                            Ok(back) => failures.push(format!("{name}, epoch {epoch}: read back {back:?}")),
+                            Err(e) => failures.push(format!("{name}, epoch {epoch}: {e}")),
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    });
+    assert!(failures.is_empty(), "{} of 180 saves failed, first: {}", failures.len(), failures[0]);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn reading_refuses_fifos_devices_and_files_past_the_cap() {
+    let path = temp("sources");
+    let dir = path.parent().unwrap().to_path_buf();
+    // A FIFO with no writer: opening it to read used to block for good.
+    let fifo = dir.join("fifo.ckpt");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reading = fifo.clone();
+    std::thread::spawn(move || tx.send(read_checkpoint(&reading, None).map(|_| ())));
+    let e = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("reading a FIFO hung").unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    // Longer than the model's tensors make: refused from its size, before reading
+    // (a sparse file: nothing is written to disk).
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(64 << 20).unwrap();
+    let like = vec![vec![0.0f32; 2]];
+    let e = read_checkpoint(&path, Some(&like)).unwrap_err().to_string();
+    assert!(e.contains("67108864 bytes, more than 59 bytes") && e.contains("lengths [2]"), "{e}");
+    let e = read_capped(&path, 1024, &|| "a test's cap".into()).unwrap_err().to_string();
+    assert!(e.contains("more than 1024 bytes (a test's cap)"), "{e}");
+    // A device that never ends.
+    let e = read_capped(std::path::Path::new("/dev/zero"), 1024, &|| "a test's cap".into()).unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    // A file within the cap reads whole.
+    std::fs::write(&path, [7u8; 1024]).unwrap();
+    assert_eq!(read_capped(&path, 1024, &|| "a test's cap".into()).unwrap(), vec![7u8; 1024]);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Run a parameter-server job of `servers + workers` rank threads: servers serve,
