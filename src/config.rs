@@ -2,7 +2,7 @@
 //!
 //! | variable | meaning |
 //! |---|---|
-//! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK` | who this process is |
+//! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK`, `BRAID_LOCAL_WORLD_SIZE` | who this process is (`braid run` sets them) |
 //! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT` or `file:///PATH` |
 //! | `BRAID_ALGO` | algorithms each collective may use, NCCL's syntax: `ring,tree`, `allreduce:ring;broadcast:chain`, `^tree`, or `auto` (default: the tuner picks among all) |
 //! | `BRAID_DETERMINISTIC` | `1`: reproducible mode, reducing collectives fold each element in rank order (bitwise-identical results whatever the algorithm, chunk size or host split) |
@@ -29,8 +29,9 @@
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
 //! When `BRAID_RANK` is absent, launchers are recognised: torchrun (`RANK`,
-//! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
-//! (`OMPI_COMM_WORLD_*`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`)
+//! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
+//! (`OMPI_COMM_WORLD_*`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`,
+//! `SLURM_NTASKS_PER_NODE`)
 //! and TensorFlow's `TF_CONFIG` (cluster spec and task; ranks in the order `ps`,
 //! `chief`, `worker`, rank 0's address hosting the store; feature `tf-config`).
 
@@ -52,6 +53,9 @@ pub struct Config {
     pub world_size: usize,
     /// Rank among the ranks of this host, when a launcher says so.
     pub local_rank: Option<usize>,
+    /// How many ranks share this host, when a launcher says so (placement binds a
+    /// rank that probed as alone by it, see [`crate::placement`]).
+    pub local_size: Option<usize>,
     /// Store URL (`tcp://HOST:PORT`, `file:///PATH`).
     pub store: Option<String>,
     /// Algorithms each collective may use; the tuner picks among them.
@@ -97,6 +101,7 @@ impl Config {
             rank,
             world_size,
             local_rank: None,
+            local_size: None,
             store: None,
             algorithms: crate::tuner::AlgoPolicy::auto(),
             deterministic: false,
@@ -133,28 +138,33 @@ impl Config {
                     .map_err(|_| Error::Config(format!("{name}=`{v}` is not a non-negative integer"))),
             }
         };
-        let (rank, world, local, store, launcher) = if let Some(rank) = num("BRAID_RANK")? {
+        // Slurm's count is only a hint for placement: a value that is not a plain
+        // number (Slurm writes lists such as `2(x3)` in its other counts) is ignored.
+        let hint = |name: &str| get(name).and_then(|v| v.trim().parse::<usize>().ok());
+        let (rank, world, (local, local_size), store, launcher) = if let Some(rank) = num("BRAID_RANK")? {
             let world = num("BRAID_WORLD_SIZE")?
                 .ok_or_else(|| Error::Config("BRAID_RANK is set but BRAID_WORLD_SIZE is not".into()))?;
-            (rank, world, num("BRAID_LOCAL_RANK")?, get("BRAID_STORE"), "braid")
+            (rank, world, (num("BRAID_LOCAL_RANK")?, num("BRAID_LOCAL_WORLD_SIZE")?), get("BRAID_STORE"), "braid")
         } else if let Some(rank) = num("RANK")? {
             let world = num("WORLD_SIZE")?.ok_or_else(|| Error::Config("RANK is set but WORLD_SIZE is not".into()))?;
             let store = get("BRAID_STORE").or_else(|| match (get("MASTER_ADDR"), get("MASTER_PORT")) {
                 (Some(a), Some(p)) => Some(format!("tcp://{a}:{p}")),
                 _ => None,
             });
-            (rank, world, num("LOCAL_RANK")?, store, "torchrun")
+            (rank, world, (num("LOCAL_RANK")?, num("LOCAL_WORLD_SIZE")?), store, "torchrun")
         } else if let Some(rank) = num("OMPI_COMM_WORLD_RANK")? {
             let world = num("OMPI_COMM_WORLD_SIZE")?
                 .ok_or_else(|| Error::Config("OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not".into()))?;
-            (rank, world, num("OMPI_COMM_WORLD_LOCAL_RANK")?, get("BRAID_STORE"), "mpi")
+            let local = (num("OMPI_COMM_WORLD_LOCAL_RANK")?, num("OMPI_COMM_WORLD_LOCAL_SIZE")?);
+            (rank, world, local, get("BRAID_STORE"), "mpi")
         } else if let Some(rank) = num("SLURM_PROCID")? {
             let world = num("SLURM_NTASKS")?
                 .ok_or_else(|| Error::Config("SLURM_PROCID is set but SLURM_NTASKS is not".into()))?;
-            (rank, world, num("SLURM_LOCALID")?, get("BRAID_STORE"), "slurm")
+            (rank, world, (num("SLURM_LOCALID")?, hint("SLURM_NTASKS_PER_NODE")), get("BRAID_STORE"), "slurm")
         } else if let Some(spec) = get("TF_CONFIG").filter(|s| !s.trim().is_empty()) {
             let t = crate::bootstrap::tf_config::parse(&spec)?;
-            (t.rank, t.world, Some(t.local_rank), get("BRAID_STORE").or(Some(t.store)), "tf_config")
+            let local = (Some(t.local_rank), Some(t.local_size));
+            (t.rank, t.world, local, get("BRAID_STORE").or(Some(t.store)), "tf_config")
         } else {
             return Err(Error::Config(
                 "no rank in the environment: set BRAID_RANK and BRAID_WORLD_SIZE, or start under `braid run`, torchrun, mpirun, srun or with TF_CONFIG".into(),
@@ -165,6 +175,7 @@ impl Config {
         }
         let mut cfg = Config::new(rank, world);
         cfg.local_rank = local;
+        cfg.local_size = local_size.filter(|&n| n > 0);
         cfg.store = store;
         cfg.launcher = launcher;
         if let Some(a) = get("BRAID_ALGO") {
@@ -435,15 +446,18 @@ mod tests {
         let m =
             cfg(&[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")])
                 .unwrap();
-        assert_eq!((m.rank, m.world_size, m.local_rank, m.launcher), (3, 8, Some(1), "mpi"));
+        assert_eq!((m.rank, m.world_size, m.local_rank, m.local_size, m.launcher), (3, 8, Some(1), None, "mpi"));
         let s = cfg(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]).unwrap();
-        assert_eq!(s.launcher, "slurm");
+        assert_eq!((s.launcher, s.local_size), ("slurm", None));
         let tf = r#"{"cluster": {"worker": ["10.0.0.2:2222", "10.0.0.3:2222"], "chief": ["10.0.0.1:2222"]},
                      "task": {"type": "worker", "index": 1}}"#;
         let t = cfg(&[("TF_CONFIG", tf)]);
         if cfg!(feature = "tf-config") {
             let t = t.unwrap();
-            assert_eq!((t.rank, t.world_size, t.local_rank, t.launcher), (2, 3, Some(0), "tf_config"));
+            assert_eq!(
+                (t.rank, t.world_size, t.local_rank, t.local_size, t.launcher),
+                (2, 3, Some(0), Some(1), "tf_config")
+            );
             assert_eq!(t.store.as_deref(), Some("tcp://10.0.0.1:2222"));
             // BRAID_STORE still wins.
             let t = cfg(&[("TF_CONFIG", tf), ("BRAID_STORE", "file:///tmp/s")]).unwrap();
@@ -451,6 +465,29 @@ mod tests {
         } else {
             assert!(t.unwrap_err().to_string().contains("tf-config"));
         }
+    }
+
+    #[test]
+    fn launchers_local_sizes_are_read_for_placement() {
+        let local = |vars: &[(&str, &str)]| cfg(vars).map(|c| (c.local_rank, c.local_size));
+        let braid = [("BRAID_RANK", "2"), ("BRAID_WORLD_SIZE", "4"), ("BRAID_LOCAL_RANK", "2")];
+        assert_eq!(
+            local(&[braid[0], braid[1], braid[2], ("BRAID_LOCAL_WORLD_SIZE", "4")]).unwrap(),
+            (Some(2), Some(4))
+        );
+        assert!(local(&[braid[0], braid[1], ("BRAID_LOCAL_WORLD_SIZE", "four")]).is_err());
+        let torch = [("RANK", "5"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "4")];
+        assert_eq!(local(&torch).unwrap(), (Some(1), Some(4)));
+        let mpi = [("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_LOCAL_RANK", "3")];
+        assert_eq!(local(&[mpi[0], mpi[1], mpi[2], ("OMPI_COMM_WORLD_LOCAL_SIZE", "4")]).unwrap(), (Some(3), Some(4)));
+        let slurm = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1")];
+        assert_eq!(local(&[slurm[0], slurm[1], slurm[2], ("SLURM_NTASKS_PER_NODE", "2")]).unwrap(), (Some(1), Some(2)));
+        // Slurm's hint in another shape is ignored, and a size of 0 says nothing.
+        assert_eq!(
+            local(&[slurm[0], slurm[1], slurm[2], ("SLURM_NTASKS_PER_NODE", "2(x2)")]).unwrap(),
+            (Some(1), None)
+        );
+        assert_eq!(local(&[slurm[0], slurm[1], slurm[2], ("SLURM_NTASKS_PER_NODE", "0")]).unwrap(), (Some(1), None));
     }
 
     #[test]

@@ -8,7 +8,13 @@
 //!   srun: [`Config::launcher`](crate::config::Config) is not `code`): threads of a
 //!   program are the program's business;
 //! - nobody narrowed the affinity already (`taskset`, `mpirun --bind-to`,
-//!   `srun --cpu-bind`): then it is left exactly as it is.
+//!   `srun --cpu-bind`): then it is left exactly as it is;
+//! - the rank has neighbours on its node: a rank alone on its host as probed
+//!   (no other rank opens its `/dev/shm`) is bound only when the launcher says
+//!   how many ranks share the node (`LOCAL_WORLD_SIZE`,
+//!   `OMPI_COMM_WORLD_LOCAL_SIZE`, `SLURM_NTASKS_PER_NODE`), by the launcher's
+//!   local rank. Containers or pods of one node, each with a private `/dev/shm`
+//!   (Kubernetes' default), otherwise all probed as rank 0 of 1 and took CPU 0.
 //!
 //! Cores are handed out in topology order — package, then core, one hardware
 //! thread per core before any sibling — so local ranks `i` and `i + 1` (ring
@@ -108,13 +114,16 @@ pub(crate) fn binding_order(allowed: &[CpuInfo]) -> Vec<usize> {
     (0..depth).flat_map(|t| by_core.iter().filter_map(move |(_, _, c)| c.get(t).copied())).collect()
 }
 
-/// Decide for local rank `local_rank` of `local_size`, which may run on `allowed`
-/// of the machine's `online` CPUs; `launched` says whether a launcher started it.
+/// Decide for local rank `local_rank` of `local_size` (as probed: the ranks that
+/// share its `/dev/shm`), which may run on `allowed` of the machine's `online`
+/// CPUs; `launched` says whether a launcher started it, `launcher_local` the
+/// local rank and size the launcher gave, if it did.
 pub(crate) fn plan(
     policy: BindPolicy,
     launched: bool,
     local_rank: usize,
     local_size: usize,
+    launcher_local: Option<(usize, usize)>,
     allowed: &[CpuInfo],
     online: usize,
 ) -> Decision {
@@ -129,6 +138,20 @@ pub(crate) fn plan(
             return leave(format!("affinity already narrowed to CPUs {cpus:?} (launcher or user): left as is"));
         }
         _ => {}
+    }
+    // Ranks that cannot share a `/dev/shm` (containers or pods on one node, each
+    // with its own) each probe as alone on their host: 4 of them on this machine
+    // all took CPU 0. The launcher, when it says how many ranks share the node,
+    // knows where this one stands among them.
+    let (local_rank, local_size) = match launcher_local {
+        Some((rank, size)) if local_size == 1 && size > 1 => (rank, size),
+        _ => (local_rank, local_size),
+    };
+    if policy == BindPolicy::Auto && local_size == 1 {
+        return leave(
+            "alone on its host as probed, and no launcher says other ranks share the node: no neighbour to sit near"
+                .into(),
+        );
     }
     let order = binding_order(allowed);
     if order.is_empty() || local_rank >= local_size {
@@ -232,13 +255,20 @@ pub(crate) fn format_cpu_list(cpus: &[usize]) -> String {
     parts.join(",")
 }
 
-/// Decide and, if binding, set the calling thread's affinity. Returns what was done.
-pub(crate) fn apply(policy: BindPolicy, launched: bool, rank: usize, local_rank: usize, local_size: usize) -> Decision {
+/// Decide (see [`plan`]) and, if binding, set the calling thread's affinity.
+/// Returns what was done.
+pub(crate) fn apply(
+    policy: BindPolicy,
+    launched: bool,
+    rank: usize,
+    (local_rank, local_size): (usize, usize),
+    launcher_local: Option<(usize, usize)>,
+) -> Decision {
     let allowed = match allowed_cpus() {
         Ok(a) => a,
         Err(e) => return Decision::Leave(format!("reading the affinity failed: {e}")),
     };
-    let decision = plan(policy, launched, local_rank, local_size, &cpu_info(&allowed), online_cpus());
+    let decision = plan(policy, launched, local_rank, local_size, launcher_local, &cpu_info(&allowed), online_cpus());
     if let Decision::Bind(cpu) = decision {
         let mut set = nix::sched::CpuSet::new();
         let bound = set.set(cpu).and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
@@ -280,7 +310,7 @@ mod tests {
     fn ranks_get_distinct_cores_package_by_package_before_any_sibling_thread() {
         let m = machine(2, 4, 2); // 16 CPUs: 0-7 first threads, 8-15 siblings
         assert_eq!(binding_order(&m), vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
-        let picks: Vec<Decision> = (0..4).map(|r| plan(BindPolicy::Auto, true, r, 4, &m, 16)).collect();
+        let picks: Vec<Decision> = (0..4).map(|r| plan(BindPolicy::Auto, true, r, 4, None, &m, 16)).collect();
         assert_eq!(picks, (0..4).map(Decision::Bind).collect::<Vec<_>>(), "neighbours share package 0");
         // Siblings listed first by the kernel still come after every core's first thread.
         let odd = vec![
@@ -295,36 +325,64 @@ mod tests {
     #[test]
     fn narrowed_in_code_or_none_are_left_alone_saying_why() {
         let m = machine(1, 2, 1);
-        assert_eq!(plan(BindPolicy::Auto, true, 1, 2, &m, 2), Decision::Bind(1));
+        assert_eq!(plan(BindPolicy::Auto, true, 1, 2, None, &m, 2), Decision::Bind(1));
         let leave = |d: Decision, want: &str| match d {
             Decision::Leave(why) => assert!(why.contains(want), "{why}"),
             other => panic!("expected to leave it ({want}), got {other:?}"),
         };
-        leave(plan(BindPolicy::Auto, true, 0, 2, &m[..1], 2), "narrowed");
-        leave(plan(BindPolicy::Auto, false, 0, 2, &m, 2), "launcher");
-        leave(plan(BindPolicy::Auto, true, 4, 4, &m, 2), "no CPU");
-        leave(plan(BindPolicy::Core, true, 0, 4, &[], 2), "no CPU");
-        leave(plan(BindPolicy::None, true, 0, 2, &m, 2), "none");
+        leave(plan(BindPolicy::Auto, true, 0, 2, None, &m[..1], 2), "narrowed");
+        leave(plan(BindPolicy::Auto, false, 0, 2, None, &m, 2), "launcher");
+        leave(plan(BindPolicy::Auto, true, 4, 4, None, &m, 2), "no CPU");
+        leave(plan(BindPolicy::Core, true, 0, 4, None, &[], 2), "no CPU");
+        leave(plan(BindPolicy::None, true, 0, 2, None, &m, 2), "none");
         // Core binds a narrowed or in-code rank within what it may use.
         let narrowed = [CpuInfo { cpu: 1, package: 0, core: 1 }];
-        assert_eq!(plan(BindPolicy::Core, false, 0, 1, &narrowed, 2), Decision::Bind(1));
+        assert_eq!(plan(BindPolicy::Core, false, 0, 1, None, &narrowed, 2), Decision::Bind(1));
     }
 
     #[test]
     fn oversubscribed_ranks_share_cpus_round_robin() {
         let m = machine(1, 2, 1);
-        let picks = |n: usize, policy| (0..n).map(|r| plan(policy, true, r, n, &m, 2)).collect::<Vec<_>>();
+        let picks = |n: usize, policy| (0..n).map(|r| plan(policy, true, r, n, None, &m, 2)).collect::<Vec<_>>();
         let bind = |cpus: &[usize]| cpus.iter().map(|&c| Decision::Bind(c)).collect::<Vec<_>>();
         assert_eq!(picks(4, BindPolicy::Auto), bind(&[0, 1, 0, 1]));
         assert_eq!(picks(3, BindPolicy::Core), bind(&[0, 1, 0]));
         assert_eq!(picks(5, BindPolicy::Auto), bind(&[0, 1, 0, 1, 0]));
         // With sibling threads, every core's first thread before any sibling.
         let smt = machine(1, 2, 2); // CPUs 0, 1 first threads; 2, 3 their siblings
-        let six: Vec<Decision> = (0..6).map(|r| plan(BindPolicy::Auto, true, r, 6, &smt, 4)).collect();
+        let six: Vec<Decision> = (0..6).map(|r| plan(BindPolicy::Auto, true, r, 6, None, &smt, 4)).collect();
         assert_eq!(six, bind(&[0, 1, 2, 3, 0, 1]));
         // Narrowed or in-code ranks stay as they are under auto, oversubscribed or not.
-        assert!(matches!(plan(BindPolicy::Auto, true, 1, 4, &m[..1], 2), Decision::Leave(_)));
-        assert!(matches!(plan(BindPolicy::Auto, false, 1, 4, &m, 2), Decision::Leave(_)));
+        assert!(matches!(plan(BindPolicy::Auto, true, 1, 4, None, &m[..1], 2), Decision::Leave(_)));
+        assert!(matches!(plan(BindPolicy::Auto, false, 1, 4, None, &m, 2), Decision::Leave(_)));
+    }
+
+    #[test]
+    fn a_rank_alone_on_its_probed_host_binds_only_by_the_launchers_local_rank() {
+        let m = machine(1, 4, 1);
+        // Four ranks in containers of one node, each with its own /dev/shm: each
+        // probes as rank 0 of 1. Without a launcher's local size, none is bound
+        // (they all took CPU 0).
+        for r in 0..4 {
+            match plan(BindPolicy::Auto, true, 0, 1, None, &m, 4) {
+                Decision::Leave(why) => assert!(why.contains("alone"), "{why}"),
+                other => panic!("rank {r}, alone without a launcher's local size, was bound: {other:?}"),
+            }
+        }
+        // A launcher that says 4 ranks share the node places them by its local ranks.
+        let picks: Vec<Decision> = (0..4).map(|r| plan(BindPolicy::Auto, true, 0, 1, Some((r, 4)), &m, 4)).collect();
+        assert_eq!(picks, (0..4).map(Decision::Bind).collect::<Vec<_>>());
+        // ...round robin when they outnumber the CPUs, as probed neighbours would.
+        assert_eq!(plan(BindPolicy::Auto, true, 0, 1, Some((5, 6)), &m, 4), Decision::Bind(1));
+        // A launcher that says the rank is alone on its node leaves it alone too.
+        assert!(matches!(plan(BindPolicy::Auto, true, 0, 1, Some((0, 1)), &m, 4), Decision::Leave(_)));
+        // A local rank the launcher's size cannot hold is no CPU of its own.
+        assert!(matches!(plan(BindPolicy::Auto, true, 0, 1, Some((4, 4)), &m, 4), Decision::Leave(_)));
+        // Neighbours found by probing keep the probed places, whatever the launcher says.
+        assert_eq!(plan(BindPolicy::Auto, true, 1, 2, Some((3, 4)), &m, 4), Decision::Bind(1));
+        // `core` still binds a lone rank when asked to, by the launcher's rank if it has one.
+        assert_eq!(plan(BindPolicy::Core, true, 0, 1, None, &m, 4), Decision::Bind(0));
+        assert_eq!(plan(BindPolicy::Core, true, 0, 1, Some((2, 4)), &m, 4), Decision::Bind(2));
     }
 
     #[test]
@@ -340,13 +398,13 @@ mod tests {
         // In a thread of its own, so no other test's affinity changes.
         std::thread::spawn(|| {
             let before = allowed_cpus().unwrap();
-            let d = apply(BindPolicy::Core, false, 0, 0, 1);
+            let d = apply(BindPolicy::Core, false, 0, (0, 1), None);
             let Decision::Bind(cpu) = d else { panic!("one rank on {before:?} must bind: {d:?}") };
             assert!(before.contains(&cpu));
             assert_eq!(allowed_cpus().unwrap(), vec![cpu]);
             assert_eq!(describe_affinity(), cpu.to_string());
             // Now narrowed: auto leaves it alone.
-            assert!(matches!(apply(BindPolicy::Auto, true, 0, 0, 1), Decision::Leave(_)) || online_cpus() == 1);
+            assert!(matches!(apply(BindPolicy::Auto, true, 0, (0, 1), None), Decision::Leave(_)) || online_cpus() == 1);
         })
         .join()
         .unwrap();

@@ -6,7 +6,7 @@
 //! its order), so parameter servers are the first ranks as
 //! [`crate::strategy::ParameterServer`] expects, and the chief (else worker 0) is
 //! rank 0 of a job without them. Rank 0's address hosts the store. The local rank
-//! counts the earlier tasks on the same host. An `evaluator` runs outside the job:
+//! counts the earlier tasks on the same host, the local size all of them. An `evaluator` runs outside the job:
 //! it gets an error, not a rank.
 
 use crate::error::{Error, Result};
@@ -21,6 +21,8 @@ pub(crate) struct TfTask {
     pub(crate) rank: usize,
     pub(crate) world: usize,
     pub(crate) local_rank: usize,
+    /// Tasks on this task's host (this one included).
+    pub(crate) local_size: usize,
     /// `tcp://` address of rank 0's task.
     pub(crate) store: String,
 }
@@ -55,11 +57,12 @@ pub(crate) fn parse(text: &str) -> Result<TfTask> {
     let host = |addr: &str| addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_string();
     let me = host(tasks[rank].2);
     let local_rank = tasks[..rank].iter().filter(|t| host(t.2) == me).count();
+    let local_size = tasks.iter().filter(|t| host(t.2) == me).count();
     let store = tasks[0].2;
     if store.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) {
         return Err(bad(format!("rank 0's address `{store}` has no port")));
     }
-    Ok(TfTask { rank, world: tasks.len(), local_rank, store: format!("tcp://{store}") })
+    Ok(TfTask { rank, world: tasks.len(), local_rank, local_size, store: format!("tcp://{store}") })
 }
 
 #[cfg(not(feature = "tf-config"))]
@@ -80,10 +83,10 @@ mod tests {
             )
         };
         let t = parse(&spec("ps", 0)).unwrap();
-        assert_eq!(t, TfTask { rank: 0, world: 5, local_rank: 0, store: "tcp://h3:7000".into() });
+        assert_eq!(t, TfTask { rank: 0, world: 5, local_rank: 0, local_size: 1, store: "tcp://h3:7000".into() });
         assert_eq!(parse(&spec("chief", 0)).unwrap().rank, 1);
         let w2 = parse(&spec("worker", 2)).unwrap();
-        assert_eq!((w2.rank, w2.world, w2.local_rank), (4, 5, 1));
+        assert_eq!((w2.rank, w2.world, w2.local_rank, w2.local_size), (4, 5, 1, 2));
         assert_eq!(parse(&spec("worker", 0)).unwrap().local_rank, 0);
         let e = parse(&spec("evaluator", 0)).unwrap_err().to_string();
         assert!(e.contains("does not join"), "{e}");

@@ -328,7 +328,8 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     // Bound before any link exists, so every buffer and ring this rank touches
     // first is allocated on its core's memory node.
     let launched = cfg.launcher != "code";
-    crate::placement::apply(cfg.bind, launched, cfg.rank, topo.local_rank, topo.local_size);
+    let launcher_local = cfg.local_rank.zip(cfg.local_size);
+    crate::placement::apply(cfg.bind, launched, cfg.rank, (topo.local_rank, topo.local_size), launcher_local);
     let kinds = topology::choose_transports(&topo, cfg.rank, cfg.transports.as_deref())?;
     let rdma_here = TransportKind::Rdma.available().is_ok();
     let kinds = agree_on_rdma(&scoped, &cfg, &topo, kinds, rdma_here)?;
