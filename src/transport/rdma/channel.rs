@@ -191,6 +191,20 @@ impl<N: Nic> RdmaChannel<N> {
         result
     }
 
+    /// The adapter behind this channel (tests forge writes through it).
+    #[cfg(test)]
+    pub(crate) fn nic_mut(&mut self) -> &mut N {
+        &mut self.nic
+    }
+
+    /// This rank's receive ring for the peer.
+    #[cfg(test)]
+    pub(crate) fn ring_bytes(&mut self) -> &[u8] {
+        let len = self.proto.spec().ring_bytes();
+        // SAFETY: the channel's own memory, at least `len` bytes (checked in `new`).
+        unsafe { std::slice::from_raw_parts(self.ring.ptr() as *const u8, len) }
+    }
+
     /// Carry out what the protocol asked for.
     fn perform(&mut self, call: &CallInfo) -> Result<()> {
         let stride = self.proto.spec().slot_stride() as u64;

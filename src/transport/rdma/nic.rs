@@ -1,11 +1,16 @@
-//! What the verbs channel needs of a network adapter, as a trait: post receive
-//! work requests, post a signalled RDMA WRITE WITH IMMEDIATE of a gather list,
-//! poll completions, register memory for local reads. The verbs layer
-//! (`verbs::VerbsNic`, feature `rdma`) implements it over one queue pair; the
-//! tests implement it in software, so [`RdmaChannel`](super::channel::RdmaChannel)
-//! runs here without hardware.
+//! What the verbs channel needs of a network adapter, as traits. [`Nic`], one
+//! queue pair: post receive work requests, post a signalled RDMA WRITE WITH
+//! IMMEDIATE of a gather list, poll completions, register memory for local reads. [`Adapter`], the device: protection domains, and queue pairs and
+//! registrations in them, for [`connect_over`](super::setup::connect_over). The
+//! verbs layer (`verbs`, feature `rdma`) implements both over hardware; the tests
+//! implement them in software, so [`RdmaChannel`](super::channel::RdmaChannel) and
+//! its set-up run here without hardware.
 
 use std::io;
+
+use super::endpoint::Endpoint;
+use super::protocol::RingSpec;
+use crate::error::Result;
 
 /// One entry of a gather list: `len` bytes at `addr`, registered under `lkey`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,4 +75,44 @@ pub trait Nic: Send {
 
     /// Append the completions available now to `out`.
     fn poll(&mut self, out: &mut Vec<Completion>) -> io::Result<()>;
+}
+
+/// A network adapter: protection domains, and queue pairs and registrations in them.
+pub trait Adapter {
+    /// A protection domain: a registration's remote key opens it only to RDMA
+    /// writes arriving on a queue pair of the same domain. Queue pairs and
+    /// registrations keep their domain alive.
+    type Pd;
+    /// A queue pair (and its completion queue) in a protection domain.
+    type Nic: Nic;
+
+    /// A new protection domain, for the queue pair to `peer`.
+    fn alloc_pd(&self, peer: usize) -> Result<Self::Pd>;
+
+    /// A queue pair to `peer` in `pd`, not yet connected, with room for the work
+    /// requests of a protocol of layout `spec`.
+    fn create_qp(&self, pd: &Self::Pd, spec: &RingSpec, peer: usize) -> Result<Self::Nic>;
+
+    /// Register `[addr, addr + len)` in `pd` for local writes and, with
+    /// `remote_write`, for RDMA writes arriving on queue pairs of `pd`; returns the
+    /// registration and its remote key.
+    ///
+    /// # Safety
+    /// The range must stay allocated while the registration lives (the adapter
+    /// writes it).
+    unsafe fn register(
+        &self,
+        pd: &Self::Pd,
+        addr: *mut u8,
+        len: usize,
+        remote_write: bool,
+        peer: usize,
+    ) -> Result<(<Self::Nic as Nic>::Mr, u32)>;
+
+    /// The endpoint a peer connects `nic` to, naming the ring it may write.
+    fn endpoint(&self, nic: &Self::Nic, ring_addr: u64, rkey: u32, spec: &RingSpec) -> Endpoint;
+
+    /// Connect `nic` to the peer's endpoint `remote` (receives are posted first,
+    /// so the peer's first writes find them).
+    fn connect(&self, nic: &mut Self::Nic, remote: &Endpoint, peer: usize) -> Result<()>;
 }

@@ -1,210 +1,66 @@
-//! [`RdmaChannel`] on a software adapter: writes gather their entries from
-//! registered local memory (an unregistered entry or a wrong key is refused, as
-//! the hardware would), land in the peer's registered ring at the address the
-//! channel names (checked against the ring's bounds and rkey), consume one of the
-//! peer's posted receives (held back while none is posted: receiver not ready),
-//! and complete at both ends. The channels run under the real executor through
-//! [`Communicator::from_channels`], one thread per rank.
+//! [`RdmaChannel`] on the software adapter ([`super::soft_nic`]), set up by
+//! [`connect_over`] as over hardware: writes gather their entries from registered
+//! local memory, land in the peer's ring through its key in the domain of the
+//! queue pair they arrive on, consume one of the peer's posted receives, and
+//! complete at both ends. The channels run under the real executor through
+//! [`Communicator::from_channels`], one thread per rank, or are driven by hand
+//! with a forged peer.
 
-use std::collections::VecDeque;
-use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::channel::{Pinned, RdmaChannel, Setup, STAGE_STRIDE};
+use super::channel::{Pinned, RdmaChannel};
+use super::endpoint;
 use super::nic::{Completion, Nic, Sge};
-use super::protocol::{Protocol, RingSpec};
+use super::protocol::{imm, RingSpec};
+use super::setup::connect_over;
+use super::soft_nic::{Fabric, SoftAdapter, SoftNic};
 use crate::algorithm::Algorithm;
+use crate::bootstrap::{MemStore, Store};
 use crate::comm::tests::on_ranks;
 use crate::comm::Communicator;
 use crate::config::Config;
 use crate::executor::{PeerChannel, WaitPolicy};
 use crate::types::ReduceOp;
 
-struct Landing {
-    addr: u64,
-    bytes: Vec<u8>,
-    imm: u32,
-    wr_id: u64,
+type Rows = Vec<Vec<Option<RdmaChannel<SoftNic>>>>;
+
+/// `world` ranks, each linked to every other by channels set up by [`connect_over`]
+/// on its own adapter (host) of one fabric, endpoints exchanged through a store.
+fn connect_soft(world: usize, spec: RingSpec) -> (Arc<Mutex<Fabric>>, Rows, Arc<MemStore>) {
+    let fabric = Fabric::shared();
+    let store = Arc::new(MemStore::new());
+    let rows = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..world)
+            .map(|rank| {
+                let (fabric, store) = (fabric.clone(), store.clone());
+                s.spawn(move || {
+                    let adapter = SoftAdapter { fabric, host: rank };
+                    let peers = vec![true; world];
+                    connect_over(&adapter, rank, world, &peers, spec, store.as_ref(), Duration::from_secs(20)).unwrap()
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    (fabric, rows, store)
 }
 
-#[derive(Default)]
-struct Port {
-    recv_wrs: usize,
-    completions: VecDeque<Completion>,
-    inbox: VecDeque<Landing>,
-    /// Live registrations: (lkey, start, len).
-    regs: Vec<(u32, usize, usize)>,
-    /// The ring peers may write: (start, len, rkey).
-    ring: (usize, usize, u32),
-    next_key: u32,
-}
-
-/// Two ports joined by a reliable connection.
-#[derive(Default)]
-struct Fabric {
-    ports: [Port; 2],
-}
-
-impl Fabric {
-    /// Land what port `to` has room for, in order.
-    fn deliver(&mut self, to: usize) {
-        while self.ports[to].recv_wrs > 0 {
-            let Some(w) = self.ports[to].inbox.pop_front() else { return };
-            // The ring may have been deregistered since the write was posted (its
-            // channel dropped): the write fails at the sender, as on hardware.
-            let (start, len, _) = self.ports[to].ring;
-            let at = w.addr as usize;
-            if at < start || at + w.bytes.len() > start + len {
-                let status = "remote access error (the peer's ring is gone)".to_string();
-                self.ports[1 - to].completions.push_back(Completion::Failed { wr_id: w.wr_id, status });
-                continue;
-            }
-            if !w.bytes.is_empty() {
-                // SAFETY: the range lies in port `to`'s ring, which is registered,
-                // so the channel owning it has not freed it (it deregisters first,
-                // under the fabric's lock).
-                unsafe { std::ptr::copy_nonoverlapping(w.bytes.as_ptr(), w.addr as *mut u8, w.bytes.len()) };
-            }
-            let p = &mut self.ports[to];
-            p.recv_wrs -= 1;
-            p.completions.push_back(Completion::Recv { imm: w.imm, byte_len: w.bytes.len() as u32 });
-            self.ports[1 - to].completions.push_back(Completion::Sent { wr_id: w.wr_id });
-        }
-    }
-}
-
-struct SoftNic {
-    fabric: Arc<Mutex<Fabric>>,
-    me: usize,
-}
-
-struct SoftMr {
-    fabric: Arc<Mutex<Fabric>>,
-    me: usize,
-    lkey: u32,
-}
-
-impl Drop for SoftMr {
-    fn drop(&mut self) {
-        let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
-        let port = &mut f.ports[self.me];
-        if let Some(&(_, start, _)) = port.regs.iter().find(|r| r.0 == self.lkey) {
-            if port.ring.0 == start {
-                port.ring = (0, 0, 0);
-            }
-        }
-        port.regs.retain(|r| r.0 != self.lkey);
-    }
-}
-
-impl Nic for SoftNic {
-    type Mr = SoftMr;
-
-    fn lkey(mr: &SoftMr) -> u32 {
-        mr.lkey
-    }
-
-    unsafe fn register(&mut self, addr: usize, len: usize) -> Result<SoftMr, String> {
-        let mut f = self.fabric.lock().unwrap();
-        let p = &mut f.ports[self.me];
-        p.next_key += 1;
-        p.regs.push((p.next_key, addr, len));
-        Ok(SoftMr { fabric: self.fabric.clone(), me: self.me, lkey: p.next_key })
-    }
-
-    fn post_recvs(&mut self, n: usize) -> io::Result<()> {
-        let mut f = self.fabric.lock().unwrap();
-        f.ports[self.me].recv_wrs += n;
-        f.deliver(self.me);
-        Ok(())
-    }
-
-    unsafe fn post_write(&mut self, wr_id: u64, sges: &[Sge], imm: u32, remote_addr: u64, rkey: u32) -> io::Result<()> {
-        let mut f = self.fabric.lock().unwrap();
-        let mut bytes = Vec::new();
-        for s in sges {
-            let (addr, len) = (s.addr as usize, s.len as usize);
-            let covered =
-                f.ports[self.me].regs.iter().any(|&(k, a, l)| k == s.lkey && a <= addr && addr + len <= a + l);
-            if !covered {
-                return Err(io::Error::other(format!("local protection error: {s:?} is not registered")));
-            }
-            // SAFETY: the entry lies in a live registration, whose memory the
-            // caller keeps allocated and unchanged until completion.
-            bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, len) });
-        }
-        let peer = 1 - self.me;
-        let (start, len, key) = f.ports[peer].ring;
-        let at = remote_addr as usize;
-        if key != rkey || at < start || at + bytes.len() > start + len {
-            return Err(io::Error::other(format!("remote access error at {at:#x} (+{})", bytes.len())));
-        }
-        f.ports[peer].inbox.push_back(Landing { addr: remote_addr, bytes, imm, wr_id });
-        f.deliver(peer);
-        Ok(())
-    }
-
-    fn poll(&mut self, out: &mut Vec<Completion>) -> io::Result<()> {
-        let mut f = self.fabric.lock().unwrap();
-        f.deliver(self.me);
-        out.extend(f.ports[self.me].completions.drain(..));
-        Ok(())
-    }
-}
-
-/// Channels `(a to b, b to a)` over one software connection.
-fn pair(a: usize, b: usize, spec: RingSpec) -> (RdmaChannel<SoftNic>, RdmaChannel<SoftNic>) {
-    let fabric = Arc::new(Mutex::new(Fabric::default()));
-    let mut rings = [Pinned::new(spec.ring_bytes()), Pinned::new(spec.ring_bytes())];
-    for (i, ring) in rings.iter_mut().enumerate() {
-        fabric.lock().unwrap().ports[i].ring = (ring.ptr() as usize, ring.len(), 0x1000 + i as u32);
-    }
-    let addrs = [rings[0].ptr() as u64, rings[1].ptr() as u64];
-    let [r0, r1] = rings;
-    let make = |me: usize, mut ring: Pinned, rank: usize, peer: usize| {
-        let mut nic = SoftNic { fabric: fabric.clone(), me };
-        let mut stage = Pinned::new(spec.slots * STAGE_STRIDE);
-        // SAFETY: ring and stage move into the channel with their registrations,
-        // which it drops first.
-        let (ring_mr, stage_mr) = unsafe {
-            (
-                nic.register(ring.ptr() as usize, ring.len()).unwrap(),
-                nic.register(stage.ptr() as usize, stage.len()).unwrap(),
-            )
-        };
-        let mut proto = Protocol::new(spec);
-        nic.post_recvs(proto.take_initial_recvs()).unwrap();
-        RdmaChannel::new(Setup {
-            rank,
-            peer,
-            nic,
-            proto,
-            ring,
-            ring_mr,
-            stage,
-            stage_mr,
-            remote_ring: addrs[1 - me],
-            remote_rkey: 0x1000 + (1 - me) as u32,
-        })
-    };
-    let x = make(0, r0, a, b);
-    let y = make(1, r1, b, a);
-    (x, y)
+/// Channels `(0 to 1, 1 to 0)`.
+fn pair(spec: RingSpec) -> (Arc<Mutex<Fabric>>, RdmaChannel<SoftNic>, RdmaChannel<SoftNic>) {
+    let (fabric, mut rows, _) = connect_soft(2, spec);
+    let a = rows[0][1].take().unwrap();
+    let b = rows[1][0].take().unwrap();
+    (fabric, a, b)
 }
 
 /// Communicators of `world` ranks whose every pair is linked by rdma channels.
 fn mesh(world: usize, spec: RingSpec) -> Vec<Communicator> {
-    let mut rows: Vec<Vec<Option<Box<dyn PeerChannel>>>> =
-        (0..world).map(|_| (0..world).map(|_| None).collect()).collect();
-    for (a, b) in (0..world).flat_map(|a| (a + 1..world).map(move |b| (a, b))) {
-        let (x, y) = pair(a, b, spec);
-        rows[a][b] = Some(Box::new(x));
-        rows[b][a] = Some(Box::new(y));
-    }
+    let (_, rows, _) = connect_soft(world, spec);
     rows.into_iter()
         .enumerate()
         .map(|(rank, row)| {
+            let row = row.into_iter().map(|c| c.map(|c| Box::new(c) as Box<dyn PeerChannel>)).collect();
             let mut cfg = Config::new(rank, world);
             cfg.timeout = Duration::from_secs(20);
             Communicator::from_channels(rank, world, row, 0xabc, &cfg, WaitPolicy::for_ranks(world))
@@ -285,7 +141,7 @@ fn host(v: &mut [u8]) -> crate::executor::MemRegion {
 #[test]
 fn a_peer_gone_after_its_last_call_is_an_error_only_when_needed() {
     let spec = RingSpec { slots: 2, payload_bytes: 64, forward_grain: 8, credit_batch: 1 };
-    let (mut a, mut b) = pair(0, 1, spec);
+    let (_, mut a, mut b) = pair(spec);
     let (ca, cb) = (call_info(0), call_info(1));
     let mut src = *b"12345678";
     let mut dst = [0u8; 8];
@@ -311,4 +167,33 @@ fn a_peer_gone_after_its_last_call_is_an_error_only_when_needed() {
         }
         other => panic!("expected the peer to be lost, got {other:?}"),
     }
+}
+
+/// Defect 6 of issue 31: every rank can read the record `rdma/0`, which lists the
+/// ring and key rank 0 gives each peer. Rank 2, writing over its own queue pair to
+/// rank 0 with the key and address published for rank 1, must be refused by the
+/// adapter, and rank 1's ring at rank 0 stay untouched.
+#[test]
+fn a_peer_cannot_write_into_the_ring_kept_for_another_with_its_key() {
+    let spec = RingSpec { slots: 2, payload_bytes: 64, forward_grain: 8, credit_batch: 1 };
+    let (_fabric, mut rows, store) = connect_soft(3, spec);
+    let raw = store.get("rdma/0").unwrap().unwrap();
+    let stolen = endpoint::decode_for(&raw, 3, 1, &spec).unwrap();
+    let mut junk = Pinned::new(64);
+    // SAFETY: 64 bytes of `junk`, which outlives every use below.
+    unsafe { std::ptr::write_bytes(junk.ptr(), 0xee, 64) };
+    let forger = rows[2][0].as_mut().unwrap().nic_mut();
+    // SAFETY: `junk` outlives the registration (dropped first, declared after).
+    let mr = unsafe { forger.register(junk.ptr() as usize, 64) }.unwrap();
+    let sge = Sge { addr: junk.ptr() as u64, len: 64, lkey: SoftNic::lkey(&mr) };
+    // SAFETY: the entry lies in a live registration of this adapter; `junk` stays.
+    unsafe { forger.post_write(7, &[sge], imm::data(0, 0, true), stolen.ring_addr, stolen.rkey) }.unwrap();
+    let mut got = Vec::new();
+    forger.poll(&mut got).unwrap();
+    assert!(
+        matches!(got.as_slice(), [Completion::Failed { wr_id: 7, status }] if status.contains("remote access error")),
+        "a write with the key rank 0 gave rank 1, over rank 2's queue pair: {got:?}"
+    );
+    let ring = rows[0][1].as_mut().unwrap().ring_bytes();
+    assert!(ring.iter().all(|&b| b == 0), "rank 2 wrote into the ring rank 0 keeps for rank 1");
 }

@@ -1,8 +1,8 @@
-//! The thin layer over `rdma-sys`: the device and its protection domain, one
-//! completion queue and one reliable-connected queue pair per peer, memory
-//! registration, endpoint exchange through the store, and the queue-pair state
-//! transitions (RESET → INIT → RTR → RTS). Every failure is an error naming this
-//! rank, the peer and the verbs call.
+//! The thin layer over `rdma-sys`: the device, a protection domain, completion
+//! queue and reliable-connected queue pair per peer, memory registration, and the
+//! queue-pair state transitions (RESET → INIT → RTR → RTS) — the
+//! [`Adapter`] and [`Nic`] that [`connect_over`] sets the channels up with. Every
+//! failure is an error naming this rank, the peer and the verbs call.
 //!
 //! Compile-verified only on machines without RDMA hardware (the machine this was
 //! written on has none: `ibv_get_device_list` fails with ENOSYS). The protocol it
@@ -14,10 +14,11 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
-use super::channel::{Pinned, RdmaChannel, Setup, STAGE_STRIDE};
-use super::endpoint::{self, Endpoint};
-use super::nic::{Completion, Nic, Sge};
-use super::protocol::{Protocol, RingSpec};
+use super::channel::RdmaChannel;
+use super::endpoint::Endpoint;
+use super::nic::{Adapter, Completion, Nic, Sge};
+use super::protocol::RingSpec;
+use super::setup::connect_over;
 use crate::error::{Error, Result};
 use crate::transport::ConnectRequest;
 
@@ -32,10 +33,11 @@ fn os_err(rank: usize, peer: Option<usize>, what: &str) -> Error {
     Error::io(who, io::Error::last_os_error())
 }
 
-/// An opened device: context, protection domain and the port used.
+/// An opened device: context and the port used.
 pub(crate) struct Device {
     ctx: *mut ibv_context,
-    pub(crate) pd: *mut ibv_pd,
+    /// The rank that opened it (for errors).
+    rank: usize,
     pub(crate) port: u8,
     pub(crate) lid: u16,
     pub(crate) gid: [u8; 16],
@@ -53,13 +55,29 @@ unsafe impl Sync for Device {}
 
 impl Drop for Device {
     fn drop(&mut self) {
-        // SAFETY: pd and ctx came from ibv_alloc_pd / ibv_open_device, every object
-        // made from them (queue pairs, CQs, MRs) holds an Arc of this Device and is
-        // gone before it, and each is freed exactly once here.
-        unsafe {
-            ibv_dealloc_pd(self.pd);
-            ibv_close_device(self.ctx);
-        }
+        // SAFETY: ctx came from ibv_open_device, every object made from it
+        // (protection domains, and through them queue pairs, CQs and MRs) holds an
+        // Arc of this Device and is gone before it, and it is closed once, here.
+        unsafe { ibv_close_device(self.ctx) };
+    }
+}
+
+/// A protection domain: the queue pair to one peer and the memory it may touch.
+pub(crate) struct Pd {
+    pd: *mut ibv_pd,
+    dev: Arc<Device>,
+}
+
+// SAFETY: as for Device: a handle libibverbs lets any thread use, freed once in Drop.
+unsafe impl Send for Pd {}
+// SAFETY: as above; `&Pd` only passes the handle to verbs.
+unsafe impl Sync for Pd {}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: pd came from ibv_alloc_pd; every queue pair and MR made in it holds
+        // an Arc of this Pd and is gone before it; freed once, here.
+        unsafe { ibv_dealloc_pd(self.pd) };
     }
 }
 
@@ -103,15 +121,7 @@ pub(crate) fn open_device(rank: usize, cfg: &crate::config::Config) -> Result<Ar
     if ctx.is_null() {
         return Err(os_err(rank, None, &format!("ibv_open_device({name})")));
     }
-    // SAFETY: a context just opened.
-    let pd = unsafe { ibv_alloc_pd(ctx) };
-    if pd.is_null() {
-        let e = os_err(rank, None, &format!("ibv_alloc_pd({name})"));
-        // SAFETY: the context is not used after this.
-        unsafe { ibv_close_device(ctx) };
-        return Err(e);
-    }
-    let mut dev = Device { ctx, pd, port, lid: 0, gid: [0; 16], gid_index: 0, mtu: 0, roce: false, name };
+    let mut dev = Device { ctx, rank, port, lid: 0, gid: [0; 16], gid_index: 0, mtu: 0, roce: false, name };
     // SAFETY: zeroes are a valid ibv_port_attr (plain integers).
     let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
     // SAFETY: a live context and a valid out-pointer of the size the call is told.
@@ -142,27 +152,22 @@ pub(crate) fn open_device(rank: usize, cfg: &crate::config::Config) -> Result<Ar
 /// A registered memory region, deregistered on drop.
 pub struct Mr {
     mr: *mut ibv_mr,
-    _dev: Arc<Device>,
+    _pd: Arc<Pd>,
 }
 
 // SAFETY: an MR handle may be used and freed from any thread.
 unsafe impl Send for Mr {}
 
 impl Mr {
-    /// Register `[addr, addr + len)` with `access`.
+    /// Register `[addr, addr + len)` in `pd` with `access`.
     ///
     /// # Safety
     /// The range must stay allocated while the registration lives (the device may
     /// write it when `access` allows remote or local writes).
-    pub(crate) unsafe fn register(
-        dev: &Arc<Device>,
-        addr: *mut u8,
-        len: usize,
-        access: ibv_access_flags,
-    ) -> Option<Mr> {
-        // SAFETY: the caller keeps the range allocated; pd is live (held by `dev`).
-        let mr = unsafe { ibv_reg_mr(dev.pd, addr.cast(), len, access.0 as i32) };
-        (!mr.is_null()).then(|| Mr { mr, _dev: dev.clone() })
+    pub(crate) unsafe fn register(pd: &Arc<Pd>, addr: *mut u8, len: usize, access: ibv_access_flags) -> Option<Mr> {
+        // SAFETY: the caller keeps the range allocated; pd is live (held by `pd`).
+        let mr = unsafe { ibv_reg_mr(pd.pd, addr.cast(), len, access.0 as i32) };
+        (!mr.is_null()).then(|| Mr { mr, _pd: pd.clone() })
     }
 
     pub(crate) fn lkey(&self) -> u32 {
@@ -189,7 +194,7 @@ pub(crate) struct QueuePair {
     pub(crate) qp: *mut ibv_qp,
     pub(crate) cq: *mut ibv_cq,
     pub(crate) psn: u32,
-    dev: Arc<Device>,
+    pd: Arc<Pd>,
 }
 
 // SAFETY: queue pairs and CQs may be used from any thread; this one is used by one
@@ -207,8 +212,9 @@ impl Drop for QueuePair {
 }
 
 impl QueuePair {
-    /// A queue pair in INIT state with room for the protocol's work requests.
-    pub(crate) fn create(dev: &Arc<Device>, spec: &RingSpec, rank: usize, peer: usize) -> Result<QueuePair> {
+    /// A queue pair in `pd`, in INIT state, with room for the protocol's work requests.
+    pub(crate) fn create(pd: &Arc<Pd>, spec: &RingSpec, rank: usize, peer: usize) -> Result<QueuePair> {
+        let dev = &pd.dev;
         let depth = (spec.send_wrs() + spec.recv_wrs()) as i32;
         // SAFETY: a live context; no completion channel, no context pointer.
         let cq = unsafe { ibv_create_cq(dev.ctx, depth, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
@@ -225,7 +231,7 @@ impl QueuePair {
         init.cap.max_send_sge = 2;
         init.cap.max_recv_sge = 1;
         // SAFETY: a live PD and a filled-in attribute struct.
-        let qp = unsafe { ibv_create_qp(dev.pd, &mut init) };
+        let qp = unsafe { ibv_create_qp(pd.pd, &mut init) };
         if qp.is_null() {
             let e = os_err(rank, Some(peer), "ibv_create_qp");
             // SAFETY: the CQ is not used after this.
@@ -233,7 +239,7 @@ impl QueuePair {
             return Err(e);
         }
         let psn = u32::from_le_bytes(crate::auth::random_bytes::<4>()) & 0xff_ffff;
-        let q = QueuePair { qp, cq, psn, dev: dev.clone() };
+        let q = QueuePair { qp, cq, psn, pd: pd.clone() };
         // SAFETY: zeroes are a valid ibv_qp_attr.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_INIT;
@@ -263,7 +269,7 @@ impl QueuePair {
 
     /// Connect to the peer's queue pair: INIT → RTR → RTS.
     pub(crate) fn connect(&self, remote: &Endpoint, rank: usize, peer: usize) -> Result<()> {
-        let dev = &self.dev;
+        let dev = &self.pd.dev;
         // SAFETY: zeroes are a valid ibv_qp_attr.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTR;
@@ -401,13 +407,6 @@ fn local_endpoint(dev: &Device, qp: &QueuePair, ring: u64, ring_rkey: u32, spec:
     }
 }
 
-/// Parse the endpoint `peer` published for this rank.
-fn remote_endpoint(raw: &[u8], world: usize, rank: usize, peer: usize, spec: &RingSpec) -> Result<Endpoint> {
-    endpoint::decode_for(raw, world, rank, spec).map_err(|why| {
-        Error::Store(format!("rank {rank}: the rdma endpoint record of rank {peer} is not usable: {why}"))
-    })
-}
-
 /// The [`Nic`] of one queue pair: what [`RdmaChannel`] runs on over hardware.
 pub struct VerbsNic {
     qp: QueuePair,
@@ -423,8 +422,9 @@ impl Nic for VerbsNic {
 
     unsafe fn register(&mut self, addr: usize, len: usize) -> std::result::Result<Mr, String> {
         // SAFETY: the caller keeps the range allocated while the registration
-        // lives; local-read access only, so the device never writes it.
-        unsafe { Mr::register(&self.qp.dev, addr as *mut u8, len, ibv_access_flags(0)) }
+        // lives; local-read access only, so the device never writes it. In the
+        // queue pair's own domain: no other queue pair may use it.
+        unsafe { Mr::register(&self.qp.pd, addr as *mut u8, len, ibv_access_flags(0)) }
             .ok_or_else(|| format!("ibv_reg_mr of {len} bytes: {}", io::Error::last_os_error()))
     }
 
@@ -463,72 +463,62 @@ impl Nic for VerbsNic {
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;
 
-/// Half-built channel: queue pair in INIT, ring registered, endpoint published.
-struct Pending {
-    peer: usize,
-    qp: QueuePair,
-    ring: Pinned,
-    ring_mr: Mr,
-    stage: Pinned,
-    stage_mr: Mr,
+/// The [`Adapter`] of an opened device.
+pub(crate) struct Verbs(Arc<Device>);
+
+impl Adapter for Verbs {
+    type Pd = Arc<Pd>;
+    type Nic = VerbsNic;
+
+    fn alloc_pd(&self, peer: usize) -> Result<Arc<Pd>> {
+        let dev = &self.0;
+        // SAFETY: a live context.
+        let pd = unsafe { ibv_alloc_pd(dev.ctx) };
+        if pd.is_null() {
+            return Err(os_err(dev.rank, Some(peer), &format!("ibv_alloc_pd({})", dev.name)));
+        }
+        Ok(Arc::new(Pd { pd, dev: dev.clone() }))
+    }
+
+    fn create_qp(&self, pd: &Arc<Pd>, spec: &RingSpec, peer: usize) -> Result<VerbsNic> {
+        Ok(VerbsNic { qp: QueuePair::create(pd, spec, self.0.rank, peer)?, wcs: wc_buffer(POLL_BATCH) })
+    }
+
+    unsafe fn register(
+        &self,
+        pd: &Arc<Pd>,
+        addr: *mut u8,
+        len: usize,
+        remote_write: bool,
+        peer: usize,
+    ) -> Result<(Mr, u32)> {
+        let (access, what) = if remote_write {
+            (
+                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE,
+                "ibv_reg_mr (receive ring)",
+            )
+        } else {
+            (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE, "ibv_reg_mr (staging)")
+        };
+        // SAFETY: the caller keeps the range allocated while it is registered.
+        let mr = unsafe { Mr::register(pd, addr, len, access) }.ok_or_else(|| os_err(self.0.rank, Some(peer), what))?;
+        let rkey = mr.rkey();
+        Ok((mr, rkey))
+    }
+
+    fn endpoint(&self, nic: &VerbsNic, ring_addr: u64, rkey: u32, spec: &RingSpec) -> Endpoint {
+        local_endpoint(&self.0, &nic.qp, ring_addr, rkey, spec)
+    }
+
+    fn connect(&self, nic: &mut VerbsNic, remote: &Endpoint, peer: usize) -> Result<()> {
+        nic.qp.connect(remote, self.0.rank, peer)
+    }
 }
 
-fn reg_err(rank: usize, peer: usize, what: &str) -> Error {
-    os_err(rank, Some(peer), what)
-}
-
-/// Verbs channels to every peer marked in `req.peers` (None elsewhere): a queue
-/// pair and a receive ring per peer, endpoints exchanged under `rdma/{rank}`, then
-/// every queue pair connected, then a barrier (`rdma/{rank}/ready`) so nobody
-/// writes to a queue pair that is not ready to receive.
+/// Verbs channels to every peer marked in `req.peers` (None elsewhere), on the
+/// first device (or the one `BRAID_IB_HCA` names): see [`connect_over`].
 pub fn connect(req: &ConnectRequest) -> Result<Vec<Option<RdmaChannel<VerbsNic>>>> {
-    let (rank, world) = (req.rank, req.world);
-    let spec = RingSpec::DEFAULT;
-    let dev = open_device(rank, req.config)?;
-    tracing::debug!(rank, device = dev.name, port = dev.port, roce = dev.roce, "rdma device opened");
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut entries = vec![None; world];
-    for peer in (0..world).filter(|&p| req.peers.get(p).copied().unwrap_or(false) && p != rank) {
-        let qp = QueuePair::create(&dev, &spec, rank, peer)?;
-        let mut ring = Pinned::new(spec.ring_bytes());
-        let mut stage = Pinned::new(spec.slots * STAGE_STRIDE);
-        let rw = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
-        // SAFETY: the ring moves into the channel with its registration, which the
-        // channel drops before it (field order), so it stays allocated while registered.
-        let ring_mr = unsafe { Mr::register(&dev, ring.ptr(), ring.len(), rw) }
-            .ok_or_else(|| reg_err(rank, peer, "ibv_reg_mr (receive ring)"))?;
-        let local = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
-        // SAFETY: as for the ring; local access only.
-        let stage_mr = unsafe { Mr::register(&dev, stage.ptr(), stage.len(), local) }
-            .ok_or_else(|| reg_err(rank, peer, "ibv_reg_mr (staging)"))?;
-        entries[peer] = Some(local_endpoint(&dev, &qp, ring.ptr() as u64, ring_mr.rkey(), &spec));
-        pending.push(Pending { peer, qp, ring, ring_mr, stage, stage_mr });
-    }
-    req.store.set(&format!("rdma/{rank}"), &endpoint::encode(&entries))?;
-    let mut out: Vec<Option<RdmaChannel<VerbsNic>>> = (0..world).map(|_| None).collect();
-    for p in pending {
-        let raw = req.store.wait_get(&format!("rdma/{}", p.peer), req.config.timeout)?;
-        let remote = remote_endpoint(&raw, world, rank, p.peer, &spec)?;
-        let mut proto = Protocol::new(spec);
-        p.qp.post_recvs(proto.take_initial_recvs())
-            .map_err(|e| Error::io(format!("rank {rank}: rdma ibv_post_recv for peer {}", p.peer), e))?;
-        p.qp.connect(&remote, rank, p.peer)?;
-        out[p.peer] = Some(RdmaChannel::new(Setup {
-            rank,
-            peer: p.peer,
-            nic: VerbsNic { qp: p.qp, wcs: wc_buffer(POLL_BATCH) },
-            proto,
-            ring: p.ring,
-            ring_mr: p.ring_mr,
-            stage: p.stage,
-            stage_mr: p.stage_mr,
-            remote_ring: remote.ring_addr,
-            remote_rkey: remote.rkey,
-        }));
-    }
-    req.store.set(&format!("rdma/{rank}/ready"), b"1")?;
-    let keys: Vec<String> = (0..world).filter(|&p| out[p].is_some()).map(|p| format!("rdma/{p}/ready")).collect();
-    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    req.store.wait(&refs, req.config.timeout)?;
-    Ok(out)
+    let dev = open_device(req.rank, req.config)?;
+    tracing::debug!(rank = req.rank, device = dev.name, port = dev.port, roce = dev.roce, "rdma device opened");
+    connect_over(&Verbs(dev), req.rank, req.world, &req.peers, RingSpec::DEFAULT, req.store, req.config.timeout)
 }
