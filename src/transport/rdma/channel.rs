@@ -9,14 +9,14 @@
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::nic::{Completion, Nic, Sge};
 use super::protocol::{Action, Protocol, WriteData, MAX_REASON};
 use super::regcache::{RegCache, Registrar};
 use crate::error::{Error, OpContext, Result};
 use crate::executor::channel::{MemRegion, PeerChannel, Readiness, Reduction};
-use crate::executor::{CallInfo, WaitPolicy};
+use crate::executor::{CallInfo, WaitPolicy, CONTROL_GRACE};
 use crate::frame::{FrameKind, HEADER_LEN};
 use crate::transport::TransportKind;
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
@@ -62,7 +62,8 @@ impl<N: Nic> Registrar for NicRegistrar<'_, N> {
         // SAFETY: the cache registers only ranges covering regions of the current
         // call (live until end_call) rounded out to whole pages of the same
         // mappings, for local reads; registrations of plain memory are dropped at
-        // the end of the call (see regcache), before the memory can be freed.
+        // the end of the call (see regcache), once no write reads them (end_call
+        // waits), before the memory can be freed.
         unsafe { self.0.register(addr, len) }
     }
     fn deregister(&mut self, mr: N::Mr) {
@@ -110,6 +111,12 @@ pub struct RdmaChannel<N: Nic> {
     cache: RegCache<N::Mr>,
     /// Cache entries pinned by this call's sends.
     pins: Vec<u64>,
+    /// Cache entries pinned by the sends of an ended call whose writes the adapter
+    /// did not report done even after the queue pair was halted (it reports
+    /// flushed writes at once, so this stays empty unless the adapter misbehaves):
+    /// kept registered, the pages pinned, while the adapter may still read them;
+    /// released at a later call's end once those writes are over, or on drop.
+    held: Vec<u64>,
     actions: Vec<Action>,
     completions: Vec<Completion>,
     /// The first failure of the queue pair (a work request that failed or could
@@ -150,6 +157,7 @@ impl<N: Nic> RdmaChannel<N> {
             remote_rkey: s.remote_rkey,
             cache: RegCache::new(CACHE_ENTRIES, CACHE_BYTES),
             pins: Vec::new(),
+            held: Vec::new(),
             actions: Vec::new(),
             completions: Vec::new(),
             broken: None,
@@ -165,30 +173,91 @@ impl<N: Nic> RdmaChannel<N> {
         Error::PeerLost { ctx: call.ctx.clone(), peer: self.peer, detail }
     }
 
-    /// Take completions off the queue and hand them to the protocol.
+    /// Take completions off the queue and hand them to the protocol. Every
+    /// completion taken is handed over, even after one is refused (the first error
+    /// is returned): a write's completion says the adapter is done with its memory,
+    /// which [`end_call`](PeerChannel::end_call) waits for.
     fn poll(&mut self, call: &CallInfo) -> Result<bool> {
         let mut completions = std::mem::take(&mut self.completions);
-        let r = self.nic.poll(&mut completions).map_err(|e| self.fail(call, "ibv_poll_cq", e));
-        let mut result = r.map(|()| !completions.is_empty());
+        let mut result = self.nic.poll(&mut completions).map_err(|e| self.fail(call, "ibv_poll_cq", e));
+        let polled = !completions.is_empty();
         for c in completions.drain(..) {
-            if result.is_err() {
-                break;
-            }
             let step = match c {
                 Completion::Recv { imm, byte_len } => self.proto.on_arrival(imm, byte_len, self.peer, call),
                 Completion::Sent { wr_id } => self.proto.on_send_complete(wr_id, self.peer, call),
                 Completion::Failed { wr_id, status } => {
                     let what = if wr_id == 0 { "receive completion" } else { "write completion" };
                     self.broken.get_or_insert(format!("{what}: {status}"));
+                    if wr_id != 0 {
+                        // A failed write is over too: the adapter no longer reads its
+                        // memory. The queue pair is broken, so nothing more is owed.
+                        let _ = self.proto.on_send_complete(wr_id, self.peer, call);
+                    }
                     Ok(())
                 }
             };
-            if let Err(e) = step {
-                result = Err(e);
-            }
+            result = result.and(step);
         }
         self.completions = completions;
-        result
+        result.map(|()| polled)
+    }
+
+    /// What completions and errors outside a call are checked against: no call,
+    /// the communicator `comm_id` at `epoch`, the deadline `give_up`.
+    fn outside_call(&self, comm_id: u32, epoch: u8, give_up: Instant) -> CallInfo {
+        let sig = CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum);
+        CallInfo {
+            ctx: OpContext { rank: self.rank, call: None, seq: 0 },
+            sig,
+            send_seq: 0,
+            recv_seq: 0,
+            comm_id,
+            epoch,
+            dtype: DType::U8,
+            reduce_op: ReduceOp::Sum,
+            timeout: give_up.saturating_duration_since(Instant::now()),
+            wait: WaitPolicy::for_ranks(1),
+            aborted: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Poll until no write of this rank is in flight, or `give_up`.
+    fn wait_writes(&mut self, call: &CallInfo, give_up: Instant) {
+        while self.proto.writes_in_flight() && Instant::now() < give_up {
+            // What the peer sent meanwhile may be refused (the call is over); the
+            // completions of this rank's writes are taken all the same.
+            if !matches!(self.poll(call), Ok(true)) {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The call ended with writes of it in flight (it failed): they read its send
+    /// buffers through registrations of this call. Dropping those under them is a
+    /// local protection error that breaks the queue pair, and the abort or goodbye
+    /// queued behind would never reach the peer, which would then wait out its
+    /// whole timeout; and the buffers are the caller's again once the call returns.
+    /// So wait for the writes (the peer's adapter completes them without its CPU:
+    /// its receives for them are posted), and if they do not complete within
+    /// `grace`, halt the queue pair so that they complete flushed. Returns whether
+    /// the adapter is done with every write.
+    fn settle_writes(&mut self, grace: Duration) -> bool {
+        let call = self.outside_call(0, 0, Instant::now() + grace);
+        self.wait_writes(&call, Instant::now() + grace);
+        if !self.proto.writes_in_flight() {
+            return true;
+        }
+        tracing::warn!(
+            rank = self.rank,
+            peer = self.peer,
+            "rdma writes to the peer still in flight {grace:?} after the call ended: stopping the queue pair"
+        );
+        if let Err(e) = self.nic.halt() {
+            self.broken.get_or_insert(format!("ibv_modify_qp(ERR): {e}"));
+        }
+        self.broken.get_or_insert_with(|| "stopped with writes in flight after a failed call".into());
+        self.wait_writes(&call, Instant::now() + grace);
+        !self.proto.writes_in_flight()
     }
 
     /// The adapter behind this channel (tests forge writes through it).
@@ -335,20 +404,7 @@ impl<N: Nic> PeerChannel for RdmaChannel<N> {
 
     fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str, give_up: Instant) {
         // Completions are checked against a call; this one names the close.
-        let sig = CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum);
-        let call = CallInfo {
-            ctx: OpContext { rank: self.rank, call: None, seq: 0 },
-            sig,
-            send_seq: 0,
-            recv_seq: 0,
-            comm_id,
-            epoch,
-            dtype: DType::U8,
-            reduce_op: ReduceOp::Sum,
-            timeout: give_up.saturating_duration_since(Instant::now()),
-            wait: WaitPolicy::for_ranks(1),
-            aborted: Arc::new(AtomicBool::new(false)),
-        };
+        let call = self.outside_call(comm_id, epoch, give_up);
         // Wait (bounded) for a credit, then for the control chunk's completion.
         while Instant::now() < give_up {
             if let Some(a) = self.proto.control(kind, comm_id, epoch, reason) {
@@ -370,9 +426,16 @@ impl<N: Nic> PeerChannel for RdmaChannel<N> {
 
     fn end_call(&mut self) {
         self.proto.end_call();
+        // Only a failed call ends with writes in flight: a send is done once its
+        // writes complete. So the wait is off the path of calls that succeed.
+        let done = !self.proto.writes_in_flight() || self.settle_writes(CONTROL_GRACE);
         let mut reg = NicRegistrar(&mut self.nic);
-        for id in self.pins.drain(..) {
-            self.cache.release(&mut reg, id);
+        if done {
+            for id in self.pins.drain(..).chain(self.held.drain(..)) {
+                self.cache.release(&mut reg, id);
+            }
+        } else {
+            self.held.append(&mut self.pins);
         }
         self.cache.end_call(&mut reg, segment_of);
     }

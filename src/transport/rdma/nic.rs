@@ -1,6 +1,7 @@
 //! What the verbs channel needs of a network adapter, as traits. [`Nic`], one
 //! queue pair: post receive work requests, post a signalled RDMA WRITE WITH
-//! IMMEDIATE of a gather list, poll completions, register memory for local reads. [`Adapter`], the device: protection domains, and queue pairs and
+//! IMMEDIATE of a gather list, poll completions, register memory for local reads,
+//! stop. [`Adapter`], the device: protection domains, and queue pairs and
 //! registrations in them, for [`connect_over`](super::setup::connect_over). The
 //! verbs layer (`verbs`, feature `rdma`) implements both over hardware; the tests
 //! implement them in software, so [`RdmaChannel`](super::channel::RdmaChannel) and
@@ -75,6 +76,11 @@ pub trait Nic: Send {
 
     /// Append the completions available now to `out`.
     fn poll(&mut self, out: &mut Vec<Completion>) -> io::Result<()>;
+
+    /// Move the queue pair to the error state: every work request outstanding
+    /// completes (flushed, [`Completion::Failed`]) without touching its memory any
+    /// more, and nothing more is sent or received.
+    fn halt(&mut self) -> io::Result<()>;
 }
 
 /// A network adapter: protection domains, and queue pairs and registrations in them.

@@ -13,7 +13,8 @@
 //!   queue pair has no receive posted or is stalled (an adapter that does not
 //!   answer). Landing copies the bytes into the ring and completes at both ends.
 //! - A failed write puts its queue pair in the error state: what is in flight and
-//!   whatever is posted later completes flushed.
+//!   whatever is posted later completes flushed, as does everything on
+//!   [`Nic::halt`].
 //! - A registration dropped while a write posted under it is in flight is recorded
 //!   ([`Fabric::dropped_in_flight`]): on hardware it breaks the queue pair.
 //!
@@ -81,6 +82,16 @@ impl Fabric {
     /// A fabric to share between the adapters of the ranks.
     pub(super) fn shared() -> Arc<Mutex<Fabric>> {
         Arc::new(Mutex::new(Fabric::default()))
+    }
+
+    /// Writes posted and not landed, on every queue pair.
+    pub(super) fn in_flight(&self) -> usize {
+        self.qps.iter().map(|q| q.outbox.len()).sum()
+    }
+
+    /// Stall (or resume) every queue pair of `host`: writes to it stay in flight.
+    pub(super) fn stall_host(&mut self, host: usize, stalled: bool) {
+        self.qps.iter_mut().filter(|q| q.host == host).for_each(|q| q.stalled = stalled);
     }
 
     fn covered(&self, key: u32, host: usize, pd: usize, addr: usize, len: usize, remote: bool) -> bool {
@@ -235,6 +246,13 @@ impl Nic for SoftNic {
             f.deliver(p);
         }
         out.extend(f.qps[self.qp].completions.drain(..));
+        Ok(())
+    }
+
+    fn halt(&mut self) -> io::Result<()> {
+        let mut f = lock(&self.fabric);
+        f.qps[self.qp].error = true;
+        f.flush(self.qp);
         Ok(())
     }
 }

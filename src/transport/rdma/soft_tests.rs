@@ -7,7 +7,7 @@
 //! with a forged peer.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::channel::{Pinned, RdmaChannel};
 use super::endpoint;
@@ -20,7 +20,9 @@ use crate::bootstrap::{MemStore, Store};
 use crate::comm::tests::on_ranks;
 use crate::comm::Communicator;
 use crate::config::Config;
-use crate::executor::{PeerChannel, WaitPolicy};
+use crate::error::Error;
+use crate::executor::{PeerChannel, WaitPolicy, CONTROL_GRACE};
+use crate::frame::FrameKind;
 use crate::types::ReduceOp;
 
 type Rows = Vec<Vec<Option<RdmaChannel<SoftNic>>>>;
@@ -196,4 +198,62 @@ fn a_peer_cannot_write_into_the_ring_kept_for_another_with_its_key() {
     );
     let ring = rows[0][1].as_mut().unwrap().ring_bytes();
     assert!(ring.iter().all(|&b| b == 0), "rank 2 wrote into the ring rank 0 keeps for rank 1");
+}
+
+/// Defect 9 of issue 31: a call that fails with writes in flight must not drop
+/// their registrations under them (on hardware a local protection error that
+/// breaks the queue pair, the abort behind them flushed, the peer waiting out its
+/// whole timeout). The writes complete first; the abort then reaches the peer,
+/// which fails at once naming this rank.
+#[test]
+fn after_a_failed_call_its_writes_complete_and_the_abort_reaches_the_peer() {
+    let spec = RingSpec { slots: 4, payload_bytes: 64, forward_grain: 8, credit_batch: 1 };
+    let (fabric, mut a, mut b) = pair(spec);
+    let (ca, cb) = (call_info(0), call_info(1));
+    let mut src: Vec<u8> = (0..150u8).collect();
+    let mut dst = vec![0u8; 150];
+    a.post_send(host(&mut src), None, &ca).unwrap();
+    b.post_recv(host(&mut dst), None, None, &cb).unwrap();
+    a.progress(1, &mut [], &ca).unwrap();
+    assert_eq!(fabric.lock().unwrap().in_flight(), 3, "three chunks in flight");
+    // Rank 0's call fails here (say another peer aborted): the executor ends it,
+    // then the engine tells every peer why.
+    a.end_call();
+    a.send_control_and_close(FrameKind::Abort, ca.comm_id, ca.epoch, "rank 0 gave up", Instant::now() + CONTROL_GRACE);
+    let heard = (0..1000).find_map(|_| b.progress(0, &mut [], &cb).err());
+    match heard {
+        Some(Error::PeerAborted { peer: 0, reason, .. }) => assert!(reason.contains("rank 0 gave up"), "{reason}"),
+        other => panic!("rank 1 should fail with rank 0's abort, got {other:?} after 1000 passes"),
+    }
+    assert_eq!(dst, src, "the chunks in flight landed intact");
+    let f = fabric.lock().unwrap();
+    assert!(f.dropped_in_flight.is_empty(), "{:?}", f.dropped_in_flight);
+}
+
+/// Defect 9, when the writes cannot complete (the peer's adapter does not
+/// answer): the queue pair is stopped so that they complete flushed, and only then
+/// do their registrations go; the peer is then lost, by name.
+#[test]
+fn writes_that_cannot_complete_are_flushed_before_their_registrations_go() {
+    let spec = RingSpec { slots: 4, payload_bytes: 64, forward_grain: 8, credit_batch: 1 };
+    let (fabric, mut a, _b) = pair(spec);
+    let ca = call_info(0);
+    let mut src: Vec<u8> = (0..150u8).collect();
+    fabric.lock().unwrap().stall_host(1, true);
+    a.post_send(host(&mut src), None, &ca).unwrap();
+    a.progress(1, &mut [], &ca).unwrap();
+    a.progress(1, &mut [], &ca).unwrap();
+    assert_eq!(fabric.lock().unwrap().in_flight(), 3, "three chunks in flight");
+    a.end_call();
+    {
+        let f = fabric.lock().unwrap();
+        assert!(f.dropped_in_flight.is_empty(), "{:?}", f.dropped_in_flight);
+        assert_eq!(f.in_flight(), 0, "the stopped queue pair flushed its writes");
+    }
+    let mut dst = [0u8; 8];
+    a.post_recv(host(&mut dst), None, None, &ca).unwrap();
+    match a.progress(1, &mut [], &ca) {
+        Err(Error::PeerLost { peer: 1, .. }) => {}
+        other => panic!("expected rank 1 to be lost, got {other:?}"),
+    }
 }

@@ -1,6 +1,6 @@
 //! The thin layer over `rdma-sys`: the device, a protection domain, completion
 //! queue and reliable-connected queue pair per peer, memory registration, and the
-//! queue-pair state transitions (RESET → INIT → RTR → RTS) — the
+//! queue-pair state transitions (RESET → INIT → RTR → RTS, and ERR to stop) — the
 //! [`Adapter`] and [`Nic`] that [`connect_over`] sets the channels up with. Every
 //! failure is an error naming this rank, the peer and the verbs call.
 //!
@@ -313,6 +313,19 @@ impl QueuePair {
         self.modify(&mut a, mask, rank, peer, "ibv_modify_qp(RTS)")
     }
 
+    /// To the error state: outstanding work requests complete flushed.
+    fn halt(&self) -> io::Result<()> {
+        // SAFETY: zeroes are a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: a live QP and a filled-in attribute struct.
+        let rc = unsafe { ibv_modify_qp(self.qp, &mut a, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+
     /// Post `n` receive work requests without buffers (every message is a WRITE
     /// WITH IMMEDIATE: the data goes to the ring, the completion says where).
     fn post_recvs(&self, n: usize) -> io::Result<()> {
@@ -457,6 +470,10 @@ impl Nic for VerbsNic {
                 return Ok(());
             }
         }
+    }
+
+    fn halt(&mut self) -> io::Result<()> {
+        self.qp.halt()
     }
 }
 
