@@ -138,11 +138,23 @@ impl<T: Element> Drop for SharedBuffer<T> {
 }
 
 /// A read-only mapping of a peer's registered segment.
+///
+/// The name comes from a peer's frame and the file from `/dev/shm`, where anyone
+/// may plant one, so it is opened as shm setup opens a named segment: not through a
+/// symlink, never waiting (a FIFO there would block `open` past any deadline),
+/// and only a regular file of this user. Named tmpfs files cannot be sealed (only
+/// memfds can), so the file can still be truncated under the mapping, and reading
+/// a page past its end would raise SIGBUS: each [`PeerSegment::slice`] first checks
+/// the file's current length (one `fstat`, next to a copy of up to a MiB). A
+/// truncation racing with the copy itself is not caught, as for the rings' named
+/// fallback segment ([`crate::transport::shm`]).
 pub(crate) struct PeerSegment {
     base: *const u8,
     bytes: usize,
     /// Device and inode of the file mapped, to tell it from a later file of the same name.
     file: (u64, u64),
+    /// The file, kept open to check its length before each read.
+    fd: std::os::fd::OwnedFd,
 }
 
 // SAFETY: a read-only mapping; the executor reads it only inside a rendezvous.
@@ -151,40 +163,65 @@ unsafe impl Send for PeerSegment {}
 impl PeerSegment {
     /// Map the segment `name` (as carried in a frame) read-only.
     pub fn open(name: &str) -> std::io::Result<PeerSegment> {
+        use std::io::{Error as IoError, ErrorKind};
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         if name.len() > MAX_NAME || name.contains('/') || !name.starts_with("braid-reg-") {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad segment name `{name}`")));
+            return Err(IoError::new(ErrorKind::InvalidData, format!("bad segment name `{name}`")));
         }
-        let path = CString::new(format!("/dev/shm/{name}")).map_err(std::io::Error::other)?;
-        // SAFETY: plain libc calls; failures checked.
-        unsafe {
-            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd, &mut st) != 0 {
-                let e = std::io::Error::last_os_error();
-                libc::close(fd);
-                return Err(e);
-            }
-            let bytes = st.st_size as usize;
-            let p = libc::mmap(std::ptr::null_mut(), bytes.max(1), libc::PROT_READ, libc::MAP_SHARED, fd, 0);
-            libc::close(fd);
-            if p == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(PeerSegment { base: p as *const u8, bytes, file: (st.st_dev, st.st_ino) })
+        let path = CString::new(format!("/dev/shm/{name}")).map_err(IoError::other)?;
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        // SAFETY: a NUL-terminated path; returns a new descriptor or -1.
+        let fd = unsafe { libc::open(path.as_ptr(), flags) };
+        if fd < 0 {
+            return Err(IoError::last_os_error());
         }
+        // SAFETY: a fresh descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let st = fstat(&fd)?;
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != me {
+            return Err(IoError::new(
+                ErrorKind::InvalidData,
+                format!("segment {name} is not a regular file of this user (mode {:o})", st.st_mode),
+            ));
+        }
+        let bytes = usize::try_from(st.st_size)
+            .ok()
+            .filter(|&b| (1..=isize::MAX as usize).contains(&b))
+            .ok_or_else(|| IoError::new(ErrorKind::InvalidData, format!("segment {name} has {} bytes", st.st_size)))?;
+        // SAFETY: a fresh read-only shared mapping of a file we hold open.
+        let p =
+            unsafe { libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(IoError::last_os_error());
+        }
+        Ok(PeerSegment { base: p as *const u8, bytes, file: (st.st_dev, st.st_ino), fd })
     }
 
-    /// The mapped bytes `[offset, offset + len)`, if inside the segment.
+    /// The mapped bytes `[offset, offset + len)`, if inside the segment and inside
+    /// the file as it is now (a file truncated since it was mapped is refused).
     pub fn slice(&self, offset: usize, len: usize) -> Option<&[u8]> {
-        if offset.checked_add(len)? > self.bytes {
+        let end = offset.checked_add(len).filter(|&e| e <= self.bytes)?;
+        let now = fstat(&self.fd).ok()?;
+        if u64::try_from(now.st_size).map_or(true, |size| size < end as u64) {
             return None;
         }
-        // SAFETY: in bounds of a live read-only mapping.
+        // SAFETY: in bounds of a live read-only mapping, and of the file behind it.
         Some(unsafe { std::slice::from_raw_parts(self.base.add(offset), len) })
     }
+}
+
+/// `fstat` of an open file.
+fn fstat(fd: &std::os::fd::OwnedFd) -> std::io::Result<libc::stat> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all-zero is a valid `stat`, which fstat fills in.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a descriptor we own and a pointer to a local.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
 }
 
 /// Whether the file `name` under /dev/shm is still the one `seg` maps (its owner
@@ -237,7 +274,7 @@ impl SegmentCache {
 impl Drop for PeerSegment {
     fn drop(&mut self) {
         // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.bytes.max(1)) };
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.bytes) };
     }
 }
 
@@ -262,6 +299,77 @@ mod tests {
         assert!(lookup(addr, 4).is_none_or(|(n, _)| n != name), "{name} is still registered after its drop");
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
         assert!(PeerSegment::open("../etc/passwd").is_err());
+    }
+
+    /// A unique `braid-reg-` name for a file a test plants in /dev/shm, removed on drop.
+    struct Planted(String);
+
+    impl Planted {
+        fn new(what: &str) -> Planted {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+            static N: AtomicU64 = AtomicU64::new(0);
+            Planted(format!(
+                "braid-reg-test-{what}-{}-{}-{nanos:x}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ))
+        }
+        fn path(&self) -> String {
+            format!("/dev/shm/{}", self.0)
+        }
+    }
+
+    impl Drop for Planted {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.path());
+        }
+    }
+
+    #[test]
+    fn a_fifo_under_a_segment_name_is_refused_without_waiting() {
+        let fifo = Planted::new("fifo");
+        let path = CString::new(fifo.path()).unwrap();
+        // SAFETY: a NUL-terminated path; creates a FIFO.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        // Run on a thread so that a blocking open fails the test instead of hanging it.
+        let name = fifo.0.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(PeerSegment::open(&name).map(|_| ())));
+        let r = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("open() blocked on a FIFO");
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_symlink_under_a_segment_name_is_not_followed() {
+        let real = SharedBuffer::<u8>::new(4096).unwrap();
+        let link = Planted::new("link");
+        std::os::unix::fs::symlink(format!("/dev/shm/{}", real.name()), link.path()).unwrap();
+        let e = PeerSegment::open(&link.0).err().expect("a symlink was followed");
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        assert!(PeerSegment::open(real.name()).is_ok());
+    }
+
+    #[test]
+    fn a_truncated_segment_is_refused_instead_of_raising_sigbus() {
+        let file = Planted::new("short");
+        let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(file.path()).unwrap();
+        f.set_len(1 << 20).unwrap();
+        std::fs::write(file.path(), vec![5u8; 1 << 20]).unwrap();
+        let mut cache = SegmentCache::default();
+        assert_eq!(cache.get_or_open(&file.0).unwrap().slice(0, 1 << 20).unwrap()[12345], 5);
+        // Cut short under the cached mapping: reading its old pages would be SIGBUS.
+        f.set_len(4096).unwrap();
+        let seg = cache.get_or_open(&file.0).unwrap();
+        assert!(seg.slice(8192, 4096).is_none(), "a range past the truncated end was handed out");
+        assert_eq!(seg.slice(0, 4096).unwrap()[100], 5, "the part still in the file stays readable");
+        // An empty file is no segment at all.
+        f.set_len(0).unwrap();
+        let empty = Planted::new("empty");
+        std::fs::File::create(empty.path()).unwrap();
+        assert_eq!(
+            PeerSegment::open(&empty.0).err().expect("empty segment mapped").kind(),
+            std::io::ErrorKind::InvalidData
+        );
     }
 
     #[test]
