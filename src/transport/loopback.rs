@@ -79,6 +79,35 @@ impl LoopbackLink {
         }
         m
     }
+
+    /// Run `copy` (of `[addr, addr + len)` of the peer thread's memory) only if the
+    /// peer exposes that range, holding the exposure across it so the peer's
+    /// revocation (and with it the end of its call, and the freeing of its buffer)
+    /// waits for it.
+    fn while_exposed(&self, addr: usize, len: usize, copy: impl FnOnce()) -> io::Result<()> {
+        let Some(end) = addr.checked_add(len).filter(|_| addr != 0) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad peer address {addr:#x} for {len} bytes from rank {}", self.peer),
+            ));
+        };
+        let _copying = self.theirs.copying.read().unwrap_or_else(PoisonError::into_inner);
+        let exposed = {
+            let ranges = self.theirs.ranges.lock().unwrap_or_else(PoisonError::into_inner);
+            ranges.iter().any(|&(s, e)| addr >= s && end <= e)
+        };
+        if !exposed {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "rank {} does not expose [{addr:#x}, {end:#x}) (its call has ended, or the address is wrong)",
+                    self.peer
+                ),
+            ));
+        }
+        copy();
+        Ok(())
+    }
 }
 
 impl Link for LoopbackLink {
@@ -143,33 +172,19 @@ impl Link for LoopbackLink {
         if dst.is_empty() {
             return Ok(());
         }
-        let Some(end) = addr.checked_add(dst.len()).filter(|_| addr != 0) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("bad peer address {addr:#x} for {} bytes from rank {}", dst.len(), self.peer),
-            ));
-        };
-        let _copying = self.theirs.copying.read().unwrap_or_else(PoisonError::into_inner);
-        let exposed = {
-            let ranges = self.theirs.ranges.lock().unwrap_or_else(PoisonError::into_inner);
-            ranges.iter().any(|&(s, e)| addr >= s && end <= e)
-        };
-        if !exposed {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "rank {} does not expose [{addr:#x}, {end:#x}) (its call has ended, or the address is wrong)",
-                    self.peer
-                ),
-            ));
-        }
-        // SAFETY: [addr, end) lies inside a range the peer exposed, which by
+        let (to, len) = (dst.as_mut_ptr(), dst.len());
+        // SAFETY: [addr, addr + len) lies inside a range the peer exposed, which by
         // `expose`'s contract stays allocated and initialised until the peer revokes
-        // it; revocation takes `copying` for writing, so it cannot happen while we
-        // hold it for reading. `dst` is an exclusive borrow of our own memory, which
-        // the peer never exposes to us, so the ranges do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
+        // it, and `while_exposed` holds off that revocation across the copy. `dst` is
+        // an exclusive borrow of our own memory, which the peer never exposes to us,
+        // so the ranges do not overlap.
+        self.while_exposed(addr, len, || unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, to, len) })
+    }
+
+    /// The same exposure check and hold as [`Link::read_peer`], around a copy made
+    /// out of the peer's registered segment.
+    fn read_peer_with(&mut self, addr: usize, len: usize, copy: &mut dyn FnMut()) -> io::Result<()> {
+        self.while_exposed(addr, len, copy)
     }
 
     unsafe fn expose(&mut self, addr: usize, len: usize) {
@@ -265,7 +280,19 @@ mod tests {
         a.read_peer(addr + 390, &mut part).unwrap();
         assert_eq!(part, src[390..400]);
         assert_eq!(a.read_peer(addr + 895, &mut part).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+        // A copy by another path (a registered segment) runs only under the same check.
+        let mut copies = 0;
+        a.read_peer_with(addr, 900, &mut || copies += 1).unwrap();
+        assert_eq!(
+            a.read_peer_with(addr, 901, &mut || copies += 1).unwrap_err().kind(),
+            io::ErrorKind::PermissionDenied
+        );
         b.revoke_exposed();
+        assert_eq!(
+            a.read_peer_with(addr, 10, &mut || copies += 1).unwrap_err().kind(),
+            io::ErrorKind::PermissionDenied
+        );
+        assert_eq!(copies, 1);
         // Dropping the exposing end revokes too.
         // SAFETY: `src` outlives the exposure, which dropping `b` revokes.
         unsafe { b.expose(addr, src.len()) };

@@ -253,6 +253,17 @@ pub trait Link: Send {
         Err(io::Error::new(io::ErrorKind::Unsupported, "this link cannot read peer memory"))
     }
 
+    /// Single copy by another path than [`Link::read_peer`] (the peer's registered
+    /// segment, mapped here): run `copy`, which reads `[addr, addr + len)` of the
+    /// peer's memory (its address, as for `read_peer`) through that path, only while
+    /// the peer exposes that range ([`Link::expose`]). An error when it does not, or
+    /// when it revoked the range before `copy` returned: what `copy` produced is then
+    /// to be discarded. Links that keep no record of exposures answer `Unsupported`.
+    fn read_peer_with(&mut self, addr: usize, len: usize, copy: &mut dyn FnMut()) -> io::Result<()> {
+        let _ = (addr, len, copy);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this link keeps no record of what its peer exposes"))
+    }
+
     /// Announce that the peer may [`Link::read_peer`] `[addr, addr + len)` of this
     /// rank's memory, until [`Link::revoke_exposed`] (or until this link is dropped).
     /// Links whose peer reads through the kernel keep no record (the default).
@@ -264,8 +275,10 @@ pub trait Link: Send {
         let _ = (addr, len);
     }
 
-    /// Withdraw everything this end exposed. Waits for a copy the peer has in
-    /// progress; a later `read_peer` of those ranges fails. Called before the
-    /// exposed memory may be freed or reused.
+    /// Withdraw everything this end exposed. A copy the peer has in progress is
+    /// waited for (threads of one process, where the copy dereferences this
+    /// memory) or fails once done (shared memory, where it goes through the kernel
+    /// or a mapping of the peer's own); a later `read_peer` or `read_peer_with` of
+    /// those ranges fails. Called before the exposed memory may be freed or reused.
     fn revoke_exposed(&mut self) {}
 }

@@ -37,6 +37,12 @@
 //! ([`Link::reads_peer_addresses`]; both ends must agree, since it decides the
 //! framing). See [`cma`] for the ptrace policy.
 //!
+//! Either way a pull reads only what the peer exposes ([`Link::expose`]) for the
+//! call under way: each end publishes its exposure in the segment header and
+//! withdraws it when the call ends ([`Link::revoke_exposed`]), so a pull that comes
+//! late (the peer's call ended early) fails instead of reading memory its owner has
+//! since freed or reused ([`exposure`]).
+//!
 //! Both ends prove the job key ([`ShmOptions::key`]) through the segment header
 //! before the link is used; see [`setup`].
 //!
@@ -57,10 +63,12 @@ use crate::bootstrap::Store;
 use crate::error::{Error, Result};
 
 mod cma;
+mod exposure;
 mod segment;
 mod setup;
 
 use cma::{vm_read, PeerProc};
+use exposure::{while_exposed, Exposer};
 pub use segment::MAX_RING_BYTES;
 use setup::{attach, attach_published, create, file_key, need_file_key, setup_ctx, Attached, Setup};
 
@@ -217,6 +225,12 @@ pub struct ShmLink {
     /// Empty polls since the clock was last read (see `check_due`).
     idle_polls: u32,
     cma: bool,
+    /// What this end lets the peer read, as published in the segment header.
+    exposer: Exposer,
+    /// This end's index in the segment header (0: the creator).
+    side: usize,
+    /// The segment, for its header's exposure words.
+    map: std::sync::Arc<segment::Mapping>,
 }
 
 impl ShmLink {
@@ -247,6 +261,12 @@ impl ShmLink {
 
     fn broke_protocol(&self, e: io::Error) -> io::Error {
         protocol_error(self.peer, e)
+    }
+
+    /// The words in which this end publishes its exposure, and the peer's.
+    fn exposure_words(&self) -> (&exposure::ExposureWords, &exposure::ExposureWords) {
+        let words = &self.map.header().exposure;
+        (&words[self.side], &words[1 - self.side])
     }
 
     fn peer_gone(&self) -> io::Error {
@@ -359,13 +379,40 @@ impl Link for ShmLink {
                 ),
             ));
         }
-        vm_read(self.peer_pid, addr, dst).map_err(|e| {
-            let kind = if e.raw_os_error() == Some(libc::ESRCH) { io::ErrorKind::UnexpectedEof } else { e.kind() };
-            io::Error::new(
-                kind,
-                format!("reading {} bytes at {addr:#x} of rank {} (pid {}): {e}", dst.len(), self.peer, self.peer_pid),
-            )
+        let (peer, pid, len) = (self.peer, self.peer_pid, dst.len());
+        while_exposed(self.exposure_words().1, peer, addr, len, || {
+            vm_read(pid, addr, dst).map_err(|e| {
+                let kind = if e.raw_os_error() == Some(libc::ESRCH) { io::ErrorKind::UnexpectedEof } else { e.kind() };
+                io::Error::new(kind, format!("reading {len} bytes at {addr:#x} of rank {peer} (pid {pid}): {e}"))
+            })
         })
+    }
+
+    /// A copy out of the peer's registered segment, checked against its
+    /// exposure like a CMA read (see [`exposure`]).
+    fn read_peer_with(&mut self, addr: usize, len: usize, copy: &mut dyn FnMut()) -> io::Result<()> {
+        while_exposed(self.exposure_words().1, self.peer, addr, len, || {
+            copy();
+            Ok(())
+        })
+    }
+
+    unsafe fn expose(&mut self, addr: usize, len: usize) {
+        let words = &self.map.header().exposure[self.side];
+        self.exposer.expose(words, addr, len);
+    }
+
+    fn revoke_exposed(&mut self) {
+        let words = &self.map.header().exposure[self.side];
+        self.exposer.revoke(words);
+    }
+}
+
+impl Drop for ShmLink {
+    fn drop(&mut self) {
+        // `expose` promises the memory only until revocation or drop; the peer
+        // keeps the segment mapped after we unmap it.
+        self.revoke_exposed();
     }
 }
 

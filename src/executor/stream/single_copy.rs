@@ -148,18 +148,18 @@ pub(super) fn pull_from_peer(ch: &mut StreamChannel, m: &mut InMsg, peer: usize,
         detail,
     })?;
     let Desc { addr, len, offset, name } = desc;
-    if let Some(name) = name {
-        if pull_registered(ch, m, name, offset)? {
-            tracing::trace!(peer, bytes = len, "single copy from the peer's registered segment {name}");
-            return Ok(());
-        }
-    }
-    tracing::trace!(peer, bytes = len, "single copy through the link ({})", ch.link.kind());
     let lost = |e: io::Error| Error::PeerLost {
         ctx: call.ctx.clone(),
         peer,
         detail: format!("reading its memory failed: {e}"),
     };
+    if let Some(name) = name {
+        if pull_registered(ch, m, name, offset, addr, lost)? {
+            tracing::trace!(peer, bytes = len, "single copy from the peer's registered segment {name}");
+            return Ok(());
+        }
+    }
+    tracing::trace!(peer, bytes = len, "single copy through the link ({})", ch.link.kind());
     let Some(src) = m.src else {
         // SAFETY: dst..dst+len is a live region of this rank's buffers.
         let dst = unsafe { std::slice::from_raw_parts_mut(m.dst, len) };
@@ -195,9 +195,18 @@ pub(super) fn pull_from_peer(ch: &mut StreamChannel, m: &mut InMsg, peer: usize,
 }
 
 /// Zero copy from a peer's registered segment, mapped once per link: copy or
-/// reduce straight out of the mapping. Returns false when the segment cannot be
-/// mapped here, so the caller falls back to reading through the kernel.
-fn pull_registered(ch: &mut StreamChannel, m: &mut InMsg, name: &str, offset: usize) -> Result<bool> {
+/// reduce straight out of the mapping, while the link says the peer still exposes
+/// `addr` (where the data lies in its address space; [`Link::read_peer_with`]).
+/// Returns false when the segment cannot be mapped here, so the caller falls back
+/// to reading through the kernel; a refusal is an error made by `refused`.
+fn pull_registered(
+    ch: &mut StreamChannel,
+    m: &mut InMsg,
+    name: &str,
+    offset: usize,
+    addr: usize,
+    refused: impl FnOnce(io::Error) -> Error,
+) -> Result<bool> {
     let seg = match ch.peer_segments.get_or_open(name) {
         Ok(seg) => seg,
         Err(e) => {
@@ -206,15 +215,26 @@ fn pull_registered(ch: &mut StreamChannel, m: &mut InMsg, name: &str, offset: us
         }
     };
     let Some(peer) = seg.slice(offset, m.len) else { return Ok(false) };
-    let op = m.op;
-    // SAFETY: dst (and src) are live regions of this rank's buffers; src is dst or disjoint.
-    unsafe {
-        let dst = std::slice::from_raw_parts_mut(m.dst, m.len);
-        match m.src {
-            None => reduce::copy_streaming(dst, peer),
-            Some(src) if std::ptr::eq(src, m.dst) => reduce::reduce_inplace(m.dtype, op, dst, peer)?,
-            Some(src) => reduce::reduce_into(m.dtype, op, dst, std::slice::from_raw_parts(src, m.len), peer)?,
-        }
+    let (op, dtype, len, dst, src) = (m.op, m.dtype, m.len, m.dst, m.src);
+    let mut reduced = Ok(());
+    let mut copy = || {
+        // SAFETY: dst (and src) are live regions of this rank's buffers; src is dst or disjoint.
+        reduced = unsafe {
+            let dst = std::slice::from_raw_parts_mut(dst, len);
+            match src {
+                None => {
+                    reduce::copy_streaming(dst, peer);
+                    Ok(())
+                }
+                Some(src) if std::ptr::eq(src, dst.as_ptr()) => reduce::reduce_inplace(dtype, op, dst, peer),
+                Some(src) => reduce::reduce_into(dtype, op, dst, std::slice::from_raw_parts(src, len), peer),
+            }
+        };
+    };
+    match ch.link.read_peer_with(addr, len, &mut copy) {
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => return Ok(false),
+        Err(e) => return Err(refused(e)),
+        Ok(()) => reduced?,
     }
     m.got = m.len;
     Ok(true)
@@ -261,6 +281,76 @@ mod tests {
         assert!(parse_descriptor(&d[..n], 64).is_err());
         assert!(parse_descriptor(&d[..DESC_FIXED - 1], 64).is_err());
         assert!(parse_descriptor(&[0u8; DESC_MAX + 1], 0).is_err());
+    }
+
+    /// Rank 0's channel to rank 1 and rank 1's bare link to rank 0, over shared
+    /// memory with CMA (both ranks are threads here, so it always works).
+    fn shm_pair() -> (StreamChannel, Box<dyn Link>) {
+        use crate::bootstrap::{MemStore, Store};
+        use crate::transport::shm::{connect_shm, ShmOptions};
+        let store = MemStore::new();
+        let mut links: Vec<_> = std::thread::scope(|s| {
+            let store = &store as &dyn Store;
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    s.spawn(move || {
+                        let mut o = ShmOptions::new(r, 2, "single-copy");
+                        o.cma = true;
+                        connect_shm(&o, store).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let (l01, l10) = (links[0][1].take().unwrap(), links[1][0].take().unwrap());
+        assert!(l01.reads_peer_addresses(), "same-process CMA must work");
+        (StreamChannel::new(Box::new(l01)), Box::new(l10))
+    }
+
+    /// Pull `len` bytes at `data` of rank 1 as the receive of a rendezvous frame.
+    fn pull(ch: &mut StreamChannel, data: *const u8, len: usize, into: &mut [u8], reduce: bool) -> Result<()> {
+        let mut m = InMsg::new(
+            into.as_mut_ptr(),
+            reduce.then_some(into.as_ptr()),
+            len,
+            crate::types::DType::U8,
+            crate::types::ReduceOp::Max,
+        );
+        let (d, n) = describe(data, len);
+        m.desc[..n].copy_from_slice(&d[..n]);
+        m.desc_got = n;
+        let call = super::super::tests::call(0, len);
+        pull_from_peer(ch, &mut m, 1, &call)
+    }
+
+    #[test]
+    fn a_pull_after_the_peer_revoked_fails_instead_of_reading_the_reused_memory() {
+        let (mut ch, mut owner) = shm_pair();
+        let len = 256 << 10;
+        let mut plain = vec![3u8; len];
+        let mut registered = crate::registered::SharedBuffer::<u8>::new(len).unwrap();
+        registered.fill(3);
+        for (what, buf) in [("plain (CMA)", &mut plain[..]), ("registered", &mut registered[..])] {
+            for reduce in [false, true] {
+                let data = buf.as_ptr();
+                // SAFETY: revoked below before `buf` is rewritten.
+                unsafe { owner.expose(data as usize, len) };
+                let mut into = vec![1u8; len];
+                pull(&mut ch, data, len, &mut into, reduce).unwrap();
+                assert!(into.iter().all(|&b| b == 3), "{what}: the exposed bytes read wrong");
+                // The owner's call ends early, and its caller reuses the buffer.
+                owner.revoke_exposed();
+                buf.fill(0xEE);
+                into.fill(1);
+                let r = pull(&mut ch, data, len, &mut into, reduce);
+                let fresh = into.iter().filter(|&&b| b == 0xEE).count();
+                match r {
+                    Err(Error::PeerLost { peer: 1, detail, .. }) => assert!(detail.contains("expose"), "{detail}"),
+                    other => panic!("{what}, reduce {reduce}: {other:?} ({fresh} bytes of the reused memory read)"),
+                }
+                buf.fill(3);
+            }
+        }
     }
 
     proptest! {

@@ -11,7 +11,7 @@ use crate::executor::{CallInfo, WaitPolicy};
 use crate::transport::loopback::LoopbackLink;
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
-fn call(rank: usize, count: usize) -> CallInfo {
+pub(super) fn call(rank: usize, count: usize) -> CallInfo {
     let sig = CallSig::new(OpKind::AllReduce, DType::F32, count as u64, 0, ReduceOp::Sum);
     CallInfo {
         ctx: OpContext { rank, call: Some(sig), seq: 0 },

@@ -13,11 +13,13 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use super::super::ring;
+use super::exposure::ExposureWords;
 
 /// Written last by the creator: an attacher that sees it sees a complete header.
 pub(super) const SEG_MAGIC: u64 = u64::from_le_bytes(*b"BRAIDSHM");
-/// Bump on any change of the segment layout (2: job-key challenge-response).
-pub(super) const SEG_VERSION: u32 = 2;
+/// Bump on any change of the segment layout (2: job-key challenge-response;
+/// 3: exposure words for single copy).
+pub(super) const SEG_VERSION: u32 = 3;
 /// The segment header takes one page, so the rings start page-aligned.
 pub(super) const SEG_HEADER_BYTES: usize = 4096;
 const PAGE: usize = 4096;
@@ -65,6 +67,8 @@ pub(super) struct SegHeader {
     /// Random, published with a memfd handle: tells the attacher it opened this
     /// very segment and not some other descriptor that process holds.
     pub segment_id: AtomicU64,
+    /// What side i lets side 1-i read of its memory ([`super::exposure`]).
+    pub exposure: [ExposureWords; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<SegHeader>() <= SEG_HEADER_BYTES);
@@ -344,7 +348,7 @@ mod tests {
         let e = validate_header(&good(512 << 10), len - 1, 0, 1, None).unwrap_err();
         assert!(e.contains("bytes"), "{e}");
         let e = validate_header(&HeaderFields { version: 1, ..good(512 << 10) }, len, 0, 1, None).unwrap_err();
-        assert!(e.contains("v2"), "{e}");
+        assert!(e.contains("v3"), "{e}");
         // A capacity whose segment length would wrap around to a small number.
         let e = validate_header(&good(512 << 10), len, 0, 1, Some(8)).unwrap_err();
         assert!(e.contains("segment id"), "{e}");

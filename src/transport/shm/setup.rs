@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::cma::vm_read;
+use super::exposure::Exposer;
 use super::segment::*;
 use super::{random_u64, segment_key, PeerWatch, ShmLink, ShmOptions, SHM_DIR};
 use crate::auth::{self, Challenge, JobKey, Role};
@@ -206,6 +207,9 @@ impl Setup {
             last_check: Instant::now(),
             idle_polls: 0,
             cma,
+            exposer: Exposer::default(),
+            side: self.side,
+            map: self.map,
         })
     }
 }

@@ -140,6 +140,8 @@ fn child_role() {
     match role.as_str() {
         "exchange" => {
             let out = stream(1, BIG);
+            // SAFETY: `out` outlives the link, whose drop revokes the exposure.
+            unsafe { link.expose(out.as_ptr() as usize, out.len()) };
             store.set("child/buf", format!("{}", out.as_ptr() as usize).as_bytes()).unwrap();
             let got = exchange(&mut link, &out, BIG);
             assert!(got == stream(0, BIG), "child received wrong bytes");
@@ -153,6 +155,19 @@ fn child_role() {
             store.set("child/done", b"1").unwrap();
             wait_key(&store, "parent/done");
             link.close();
+        }
+        "revoke" => {
+            let mut buf = stream(1, 1 << 20);
+            // SAFETY: revoked below, before `buf` is rewritten or freed.
+            unsafe { link.expose(buf.as_ptr() as usize, buf.len()) };
+            store.set("child/buf", format!("{}", buf.as_ptr() as usize).as_bytes()).unwrap();
+            wait_key(&store, "parent/read");
+            // The call ends early: withdraw, then reuse the memory as a caller would.
+            link.revoke_exposed();
+            buf.fill(0xEE);
+            store.set("child/revoked", b"1").unwrap();
+            wait_key(&store, "parent/done");
+            drop(buf);
         }
         "sleep" => std::thread::sleep(Duration::from_secs(60)),
         "close" => {
@@ -181,6 +196,8 @@ fn two_processes_exchange_64_mib_both_ways_and_read_peer_memory() {
     assert!(link.poll_fd().is_none());
 
     let out = stream(0, BIG);
+    // SAFETY: `out` outlives the link, whose drop revokes the exposure.
+    unsafe { link.expose(out.as_ptr() as usize, out.len()) };
     child.store.set("parent/buf", format!("{}", out.as_ptr() as usize).as_bytes()).unwrap();
     let got = exchange(&mut link, &out, BIG);
     assert!(got == stream(1, BIG), "parent received wrong bytes");
@@ -203,6 +220,58 @@ fn two_processes_exchange_64_mib_both_ways_and_read_peer_memory() {
     assert!(rest.is_empty());
     assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     child.expect_success();
+}
+
+#[test]
+fn a_peer_process_that_revoked_and_reused_its_buffer_is_not_read() {
+    let child = ChildRank::spawn("revoke");
+    let (mut link, _) = child.connect();
+    assert!(link.reads_peer_addresses(), "CMA unavailable here");
+    let addr: usize = String::from_utf8(wait_key(&child.store, "child/buf")).unwrap().parse().unwrap();
+    let mut dst = vec![0u8; 1 << 20];
+    link.read_peer(addr, &mut dst).unwrap();
+    assert!(dst == stream(1, 1 << 20), "the exposed buffer read wrong");
+    child.store.set("parent/read", b"1").unwrap();
+    wait_key(&child.store, "child/revoked");
+    dst.fill(0);
+    let r = link.read_peer(addr, &mut dst);
+    let fresh = dst.iter().filter(|&&b| b == 0xEE).count();
+    let e = r.expect_err(&format!("read the revoked buffer ({fresh} bytes of its new contents)"));
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    child.store.set("parent/done", b"1").unwrap();
+    child.expect_success();
+}
+
+#[test]
+fn a_pull_racing_with_a_revocation_returns_the_exposed_bytes_or_an_error() {
+    let store = MemStore::new();
+    let meshes = thread_ranks(&store, &[0, 1], |r| opts(r, 2));
+    let mut meshes: Vec<Vec<Option<ShmLink>>> = meshes.into_iter().map(|m| m.unwrap()).collect();
+    let mut reader = meshes[0][1].take().unwrap();
+    let mut owner = meshes[1][0].take().unwrap();
+    let mut buf = vec![7u8; 8 << 20];
+    let addr = buf.as_ptr() as usize;
+    // SAFETY: revoked below before `buf` is rewritten.
+    unsafe { owner.expose(addr, buf.len()) };
+    let (first_tx, first_rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let mut dst = vec![0u8; 8 << 20];
+        let mut ok = 0;
+        while reader.read_peer(addr, &mut dst).is_ok() {
+            assert!(dst.iter().all(|&x| x == 7), "a read that succeeded returned rewritten bytes");
+            ok += 1;
+            if ok == 1 {
+                first_tx.send(()).unwrap();
+            }
+        }
+        ok
+    });
+    first_rx.recv().unwrap();
+    owner.revoke_exposed();
+    // Rewritten while the reader may still be copying: its copy must fail.
+    buf.fill(9);
+    assert!(t.join().unwrap() >= 1);
 }
 
 #[test]
