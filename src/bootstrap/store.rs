@@ -34,12 +34,18 @@ pub trait Store: Send + Sync {
 ///
 /// For `tcp://`, when `host_if_absent` is true (rank 0) and nothing listens at the
 /// address yet, a server is started in this process and kept alive as long as the
-/// returned store, as torch's TCPStore master does. Every TCP connection proves
-/// `key` (the file store has no handshake: the file system's permissions guard it);
-/// `timeout` bounds connecting and every request.
-pub fn connect_store(url: &str, host_if_absent: bool, key: JobKey, timeout: Duration) -> Result<Arc<dyn Store>> {
+/// returned store, as torch's TCPStore master does, with room for `world_size`
+/// ranks. Every TCP connection proves `key` (the file store has no handshake: the
+/// file system's permissions guard it); `timeout` bounds connecting and every request.
+pub fn connect_store(
+    url: &str,
+    host_if_absent: bool,
+    world_size: usize,
+    key: JobKey,
+    timeout: Duration,
+) -> Result<Arc<dyn Store>> {
     if let Some(addr) = url.strip_prefix("tcp://") {
-        Ok(Arc::new(crate::bootstrap::TcpStore::connect_or_host(addr, host_if_absent, key, timeout)?))
+        Ok(Arc::new(crate::bootstrap::TcpStore::connect_or_host(addr, host_if_absent, world_size, key, timeout)?))
     } else if let Some(path) = url.strip_prefix("file://") {
         Ok(Arc::new(crate::bootstrap::FileStore::open(path)?))
     } else {

@@ -41,6 +41,7 @@
 //! reply, except when it stops, and then the fresh connection fails too. A
 //! timeout is never retried: the request may be in progress.
 
+mod admit;
 mod server;
 mod wire;
 
@@ -58,7 +59,12 @@ use wire::*;
 
 /// Added to a WAIT's own timeout for the reply to come back.
 const WAIT_SLACK: Duration = Duration::from_secs(10);
-const MAX_IDLE_CONNS: usize = 8;
+/// Connections a client keeps open between calls; each holds a server thread,
+/// so the server's cap budgets [`StoreLimits::CONNS_PER_RANK`] per rank.
+const MAX_IDLE_CONNS: usize = 2;
+/// First and longest pause before trying again a server at its connection cap.
+const FULL_FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const FULL_MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 /// A client of a [`TcpStoreServer`]; `Send + Sync`, share it in an `Arc`.
 ///
@@ -82,28 +88,40 @@ pub struct TcpStore {
 
 impl TcpStore {
     /// Connect to the server at `addr` ("HOST:PORT"), retrying with backoff while it
-    /// is not up yet, and prove `key`; fails once `timeout` passes, naming the
-    /// address, or at once when the server and this client hold different keys.
-    /// `timeout` also bounds every later round trip.
+    /// is not up yet or at its connection cap, and prove `key`; fails once `timeout`
+    /// passes, naming the address, or at once when the server and this client hold
+    /// different keys. `timeout` also bounds every later round trip.
     pub fn connect(addr: &str, key: JobKey, timeout: Duration) -> Result<TcpStore> {
         // Zero is not a socket timeout (it means none, or is refused).
         let timeout = timeout.max(Duration::from_millis(1));
+        let deadline = Instant::now() + timeout;
         let (stream, peer) = connect_retry(addr, timeout)?;
         let store = TcpStore { addr: addr.to_owned(), peer, key, timeout, idle: Mutex::new(Vec::new()), server: None };
-        store.handshake(&stream)?;
+        let stream = match store.handshake(&stream) {
+            Ok(()) => stream,
+            Err(Handshake::Full) => store.open_until("connect", deadline)?,
+            Err(Handshake::Failed(e)) => return Err(e),
+        };
         lock(&store.idle).push(stream);
         Ok(store)
     }
 
     /// When `host_if_absent`, host the server at `addr` in this process if the port
-    /// is free (the server then lives as long as the returned client, and serves
-    /// clients proving `key`), and connect as a plain client if it is taken or the
-    /// address is not local. Otherwise connect.
-    pub fn connect_or_host(addr: &str, host_if_absent: bool, key: JobKey, timeout: Duration) -> Result<TcpStore> {
+    /// is free (the server then lives as long as the returned client, serves
+    /// clients proving `key`, and has room for `world_size` ranks:
+    /// [`StoreLimits::for_world`]), and connect as a plain client if it is taken or
+    /// the address is not local. Otherwise connect.
+    pub fn connect_or_host(
+        addr: &str,
+        host_if_absent: bool,
+        world_size: usize,
+        key: JobKey,
+        timeout: Duration,
+    ) -> Result<TcpStore> {
         if host_if_absent {
             match bind_listener(addr) {
                 Ok(listener) => {
-                    let server = TcpStoreServer::serve(listener, key.clone(), StoreLimits::default())?;
+                    let server = TcpStoreServer::serve(listener, key.clone(), StoreLimits::for_world(world_size))?;
                     let target = connectable(server.local_addr());
                     let mut store = TcpStore::connect(&target.to_string(), key, timeout)?;
                     tracing::info!(addr, local_addr = %server.local_addr(), "hosting the tcp store");
@@ -140,16 +158,15 @@ impl TcpStore {
     }
 
     /// Prove the job key on a new connection and check the server's proof.
-    fn handshake(&self, stream: &TcpStream) -> Result<()> {
-        let fail = |msg: String| Error::Store(format!("tcp store {}: handshake: {msg}", self.addr));
+    fn handshake(&self, stream: &TcpStream) -> std::result::Result<(), Handshake> {
+        let fail = |msg: String| Handshake::Failed(Error::Store(format!("tcp store {}: handshake: {msg}", self.addr)));
         let io_fail = |e: io::Error| fail(timed_out(e, self.timeout).to_string());
         stream.set_write_timeout(Some(self.timeout)).map_err(io_fail)?;
         stream.set_read_timeout(Some(self.timeout)).map_err(io_fail)?;
         let mut s = stream;
         let hello = read_array::<SERVER_HELLO_LEN>(&mut s).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
-                fail("the server closed the connection before its hello (at its connection cap?)".into())
-            }
+            // Closed before its hello: the server is at its connection cap.
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => Handshake::Full,
             _ => io_fail(e),
         })?;
         let server = decode_server_hello(&hello).map_err(fail)?;
@@ -173,11 +190,40 @@ impl TcpStore {
 
     /// A new connection to the server, past the handshake.
     fn open(&self, what: &str) -> Result<TcpStream> {
-        let s = TcpStream::connect_timeout(&self.peer, self.timeout)
-            .map_err(|e| Error::io(format!("tcp store {}: {what}: connecting to {}", self.addr, self.peer), e))?;
-        let _ = s.set_nodelay(true);
-        self.handshake(&s)?;
-        Ok(s)
+        self.open_until(what, Instant::now() + self.timeout)
+    }
+
+    /// A new connection to the server, past the handshake, retried with backoff
+    /// while the server is at its connection cap, until `deadline`.
+    fn open_until(&self, what: &str, deadline: Instant) -> Result<TcpStream> {
+        let mut backoff = FULL_FIRST_BACKOFF;
+        let mut tries = 0u32;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let s = TcpStream::connect_timeout(&self.peer, left.min(self.timeout))
+                .map_err(|e| Error::io(format!("tcp store {}: {what}: connecting to {}", self.addr, self.peer), e))?;
+            let _ = s.set_nodelay(true);
+            tries += 1;
+            match self.handshake(&s) {
+                Ok(()) => return Ok(s),
+                Err(Handshake::Failed(e)) => return Err(e),
+                Err(Handshake::Full) => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.error(
+                    what,
+                    format!(
+                        "the server at {} stayed at its connection cap: it closed all {tries} connections \
+                         before its hello (gave up after {:?})",
+                        self.peer, self.timeout
+                    ),
+                ));
+            }
+            tracing::debug!(addr = %self.addr, "tcp store: {what}: the server is at its connection cap; retrying");
+            std::thread::sleep(backoff.min(deadline - now));
+            backoff = (backoff * 2).min(FULL_MAX_BACKOFF);
+        }
     }
 
     /// Send `msg` and read the reply, allowing `deadline` for each socket operation.
@@ -267,6 +313,14 @@ fn connect_retry(addr: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr
         std::thread::sleep(backoff.min(deadline - now));
         backoff = (backoff * 2).min(Duration::from_millis(200));
     }
+}
+
+/// How a handshake failed.
+enum Handshake {
+    /// The server closed the connection before its hello: it is at its connection cap.
+    Full,
+    /// Anything else, with the error to report.
+    Failed(Error),
 }
 
 /// How a round trip failed.

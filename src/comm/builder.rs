@@ -158,7 +158,7 @@ impl CommunicatorBuilder {
                     )
                 })?;
                 let ident = StoreIdent::Url(url.to_string());
-                (connect_store(url, cfg.rank == 0, cfg.job_key.clone(), cfg.timeout)?, ident)
+                (connect_store(url, cfg.rank == 0, cfg.world_size, cfg.job_key.clone(), cfg.timeout)?, ident)
             }
         };
         let prefix = match self.name {

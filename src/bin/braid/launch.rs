@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use braid::bootstrap::TcpStoreServer;
+use braid::bootstrap::{StoreLimits, TcpStoreServer};
 use braid::JobKey;
 use clap::Args;
 
@@ -95,13 +95,14 @@ pub fn launch(l: Launch) -> i32 {
         Ok(k) if !k.is_empty() => k,
         _ => JobKey::generate_text(),
     };
-    let server = match TcpStoreServer::bind("127.0.0.1:0", JobKey::from_text(&key_text)) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("braid run: cannot host the store: {e}");
-            return 1;
-        }
-    };
+    let server =
+        match TcpStoreServer::bind_with("127.0.0.1:0", JobKey::from_text(&key_text), StoreLimits::for_world(l.ranks)) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("braid run: cannot host the store: {e}");
+                return 1;
+            }
+        };
     let store = format!("tcp://{}", server.local_addr());
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut pumps = Vec::new();

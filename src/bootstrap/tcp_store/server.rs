@@ -2,11 +2,13 @@
 //! map guarded by a mutex and a condition variable that WAIT sleeps on.
 //!
 //! It does not trust its clients: every connection must prove the job key
-//! before any request is read; the handshake and every request must arrive
-//! within a read deadline counted from their first byte (a client that sends
-//! part of one and stops is dropped); a connection idle between requests is
-//! closed after an idle limit; connections, stored bytes and WAIT timeouts are
-//! capped ([`StoreLimits`]).
+//! before any request is read, and is admitted without a thread until it has
+//! ([`super::admit`]: a budget of its own and a short proof deadline); every
+//! request must arrive within a read deadline counted from its first byte (a
+//! client that sends part of one and stops is dropped); a connection idle
+//! between requests is closed after an idle limit; connections, stored bytes
+//! and WAIT timeouts are capped ([`StoreLimits`]), the connections in
+//! proportion to the job's world size ([`StoreLimits::for_world`]).
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
@@ -20,21 +22,38 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags};
 
+use super::admit::{admit, Admission, Pending};
 use super::wire::*;
-use crate::auth::{self, JobKey};
+use crate::auth::{JobKey, PROOF_LEN};
 use crate::error::{Error, Result};
 
-/// How often the accept loop looks at the stop flag; bounds how long a drop takes.
+/// How often the accept loop looks at the stop flag and the proof deadlines;
+/// bounds how long a drop takes and how late an unproven connection is closed.
 const ACCEPT_POLL_MS: u16 = 20;
+
+/// Stack of a connection thread: it parses one request at a time and touches
+/// the map, so the 2 MiB default only costs address space at thousands of ranks.
+const CONN_STACK: usize = 256 << 10;
 
 /// What a [`TcpStoreServer`] allows its clients.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreLimits {
-    /// Open connections at most; more are closed at once, with a log line.
+    /// Connections that proved the job key, at most. One that arrives while this
+    /// many are open is closed before the server's hello, with a log line; the
+    /// client retries with backoff within its timeout. (Connections proving the
+    /// key at that moment may pass it by up to `max_unproven`.)
     pub max_connections: usize,
+    /// Connections still proving the job key, at most. They hold a socket but
+    /// no thread, and never count toward `max_connections`; past this budget the
+    /// oldest is closed, so a flood of silent strangers evicts itself, not the
+    /// clients that answer within a round trip.
+    pub max_unproven: usize,
+    /// A connection that has not proven the job key this long after it was
+    /// accepted is closed (a real client answers within one round trip).
+    pub proof_deadline: Duration,
     /// Bytes of keys plus values stored at most; a SET or ADD past it fails naming the cap.
     pub max_stored_bytes: usize,
-    /// The handshake, and each request from its first byte, must arrive within this.
+    /// Each request, from its first byte, must arrive within this.
     pub read_deadline: Duration,
     /// A connection with no request for this long is closed (clients reconnect).
     pub idle_timeout: Duration,
@@ -43,15 +62,31 @@ pub struct StoreLimits {
 }
 
 impl Default for StoreLimits {
-    /// 4096 connections, 1 GiB stored, 30 s read deadline, 10 min idle, 1 h WAIT.
+    /// 4096 connections, 256 unproven with a 5 s proof deadline, 1 GiB stored,
+    /// 30 s read deadline, 10 min idle, 1 h WAIT.
     fn default() -> StoreLimits {
         StoreLimits {
             max_connections: 4096,
+            max_unproven: 256,
+            proof_deadline: Duration::from_secs(5),
             max_stored_bytes: 1 << 30,
             read_deadline: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(600),
             max_wait: Duration::from_secs(3600),
         }
+    }
+}
+
+impl StoreLimits {
+    /// Connections the cap allows per rank of the job: a client keeps two pooled,
+    /// and rarely has more than two in use at once.
+    pub const CONNS_PER_RANK: usize = 4;
+
+    /// The defaults, with room for a job of `world_size` ranks:
+    /// [`StoreLimits::CONNS_PER_RANK`] connections each, never fewer than the default 4096.
+    pub fn for_world(world_size: usize) -> StoreLimits {
+        let d = StoreLimits::default();
+        StoreLimits { max_connections: d.max_connections.max(world_size.saturating_mul(Self::CONNS_PER_RANK)), ..d }
     }
 }
 
@@ -204,12 +239,19 @@ impl TcpStoreServer {
         self.local_addr
     }
 
+    /// What the server allows its clients.
+    pub fn limits(&self) -> &StoreLimits {
+        &self.shared.limits
+    }
+
     pub(super) fn serve(listener: TcpListener, key: JobKey, limits: StoreLimits) -> Result<TcpStoreServer> {
         let local_addr = listener.local_addr().map_err(|e| Error::io("reading tcp store listener address", e))?;
         // Non-blocking so the accept loop can notice the stop flag between polls.
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io(format!("configuring tcp store listener at {local_addr}"), e))?;
+        // A descriptor per connection, proven or not, plus some for the rest of the process.
+        raise_fd_limit(limits.max_connections.saturating_add(limits.max_unproven).saturating_add(256));
         let shared = Arc::new(Shared {
             data: Mutex::new(Data::default()),
             changed: Condvar::new(),
@@ -249,6 +291,28 @@ impl Drop for TcpStoreServer {
     }
 }
 
+/// Raise this process's soft limit on open files to `needed` where the hard
+/// limit allows: the usual soft limit of 1024 would refuse a large job's ranks
+/// long before the connection cap does.
+fn raise_fd_limit(needed: usize) {
+    let needed = needed as libc::rlim_t;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 || lim.rlim_cur >= needed {
+        return;
+    }
+    let raised = libc::rlimit { rlim_cur: needed.min(lim.rlim_max), rlim_max: lim.rlim_max };
+    // SAFETY: setrlimit only reads the struct it is given; raising the soft limit
+    // up to the hard one needs no privilege and lowers nothing.
+    let now =
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 { raised.rlim_cur } else { lim.rlim_cur };
+    if now < needed {
+        tracing::warn!(
+            "tcp store server: room for {needed} open files is wanted, the limit is {now} (raise `ulimit -n`)"
+        );
+    }
+}
+
 pub(super) fn bind_listener(addr: &str) -> io::Result<TcpListener> {
     let mut last = io::Error::new(io::ErrorKind::AddrNotAvailable, "address resolved to nothing");
     for sa in addr.to_socket_addrs()? {
@@ -274,59 +338,102 @@ fn bind_one(sa: SocketAddr) -> io::Result<TcpListener> {
 }
 
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let limits = &shared.limits;
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    let mut pending = Pending::default();
     let mut next_id = 0u64;
-    let mut refused = 0u64;
+    let (mut refused, mut evicted) = (0u64, 0u64);
+    // A few accepts per turn, then the pending handshakes move: a client that
+    // answers within a round trip is read before a burst can push it out.
+    let batch = (limits.max_unproven / 4).max(1);
     while !shared.stop.load(Ordering::Acquire) {
-        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, ACCEPT_POLL_MS) {
-            Ok(0) | Err(Errno::EINTR) => continue,
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!("tcp store server: poll failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
+        let (listener_ready, ready) = {
+            let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+            fds.extend(pending.fds().map(|fd| PollFd::new(fd, PollFlags::POLLIN)));
+            match poll(&mut fds, ACCEPT_POLL_MS) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => {
+                    tracing::warn!("tcp store server: poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            }
+            let is_ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+            (is_ready(&fds[0]), fds[1..].iter().map(is_ready).collect::<Vec<bool>>())
+        };
+        for (stream, peer, proof) in pending.progress(&ready, &shared.key) {
+            next_id += 1;
+            if let Some(h) = spawn_conn(&shared, stream, peer, next_id, proof) {
+                workers.push(h);
             }
         }
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                workers.retain(|h| !h.is_finished());
-                let open = lock(&shared.conns).len();
-                if open >= shared.limits.max_connections {
-                    // Closed before a byte is read or a thread spent on it. Logged
-                    // once per thousand so that a flood does not flood the log too.
+        pending.expire(Instant::now());
+        if !listener_ready {
+            continue;
+        }
+        workers.retain(|h| !h.is_finished());
+        for _ in 0..batch {
+            let (stream, peer) = match listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => break,
+                Err(e) => {
+                    // E.g. out of file descriptors: keep serving the connections we have.
+                    tracing::warn!("tcp store server: accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                    break;
+                }
+            };
+            let open = lock(&shared.conns).len();
+            match admit(limits, open, pending.len()) {
+                Admission::Refuse => {
+                    // Closed before the hello, which the client reads as "full, retry".
+                    // Logged once per thousand so that a flood does not flood the log too.
                     if refused % 1000 == 0 {
                         tracing::warn!(
                             %peer,
                             "tcp store server: refusing a connection: {open} open, the cap is {} ({} refused so far)",
-                            shared.limits.max_connections,
+                            limits.max_connections,
                             refused + 1
                         );
                     }
                     refused += 1;
-                    drop(stream);
                     continue;
                 }
-                next_id += 1;
-                if let Some(h) = spawn_conn(&shared, stream, peer, next_id) {
-                    workers.push(h);
+                Admission::EvictOldest => {
+                    if let Some(old) = pending.evict_oldest() {
+                        if evicted % 1000 == 0 {
+                            tracing::warn!(
+                                peer = %old,
+                                "tcp store server: {} connections are proving the job key, the budget: closing the \
+                                 oldest ({} so far)",
+                                limits.max_unproven,
+                                evicted + 1
+                            );
+                        }
+                        evicted += 1;
+                    }
                 }
+                Admission::Admit => {}
             }
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-            Err(e) => {
-                // E.g. out of file descriptors: keep serving the connections we have.
-                tracing::warn!("tcp store server: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            pending.start(stream, peer, Instant::now() + limits.proof_deadline);
         }
     }
     drop(listener);
+    drop(pending);
     for h in workers {
         let _ = h.join();
     }
 }
 
-fn spawn_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, id: u64) -> Option<JoinHandle<()>> {
+/// Serve a connection that proved the job key on its own thread; `proof` is
+/// ours, still to be sent.
+fn spawn_conn(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    proof: [u8; PROOF_LEN],
+) -> Option<JoinHandle<()>> {
     let setup = stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_nodelay(true))
@@ -350,8 +457,8 @@ fn spawn_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, id: u64
         conns.insert(id, handle);
     }
     let s = shared.clone();
-    let spawned = std::thread::Builder::new().name("braid-store-conn".into()).spawn(move || {
-        serve_conn(&s, stream, peer);
+    let spawned = std::thread::Builder::new().name("braid-store-conn".into()).stack_size(CONN_STACK).spawn(move || {
+        serve_conn(&s, stream, peer, &proof);
         lock(&s.conns).remove(&id);
     });
     match spawned {
@@ -387,39 +494,13 @@ impl Read for Deadlined<'_> {
     }
 }
 
-/// Challenge the client and check its proof of the job key; then prove ours.
-fn handshake(shared: &Shared, reader: &mut BufReader<Deadlined<'_>>, stream: &TcpStream) -> io::Result<()> {
-    let ours = auth::challenge();
-    (&*stream).write_all(&encode_server_hello(&ours))?;
-    let mut hello = [0u8; CLIENT_HELLO_LEN];
-    // Garbage is dropped as soon as its first bytes show it, not at the deadline.
-    let mut got = 0;
-    while got < 12 {
-        match reader.read(&mut hello[got..12]) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed during the handshake")),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-        let seen = got.min(STORE_MAGIC.len());
-        if hello[..seen] != STORE_MAGIC[..seen] {
-            return Err(invalid("not a braid tcp store client (bad magic)".into()));
-        }
-    }
-    check_prefix(&hello[..12], "client hello").map_err(invalid)?;
-    reader.read_exact(&mut hello[12..])?;
-    let theirs = decode_client_hello(&hello, &shared.key, &ours).map_err(invalid)?;
-    (&*stream).write_all(&server_proof(&shared.key, &ours, &theirs))
-}
-
-fn serve_conn(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
+fn serve_conn(shared: &Shared, stream: TcpStream, peer: SocketAddr, proof: &[u8]) {
     let limits = &shared.limits;
-    let mut reader = BufReader::new(Deadlined { stream: &stream, deadline: Instant::now() + limits.read_deadline });
-    if let Err(e) = handshake(shared, &mut reader, &stream) {
-        // Strangers and scanners are routine on an open port: debug, not warn.
-        tracing::debug!(%peer, "tcp store server: dropping a connection that failed the handshake: {e}");
+    if let Err(e) = (&stream).write_all(proof) {
+        tracing::debug!(%peer, "tcp store server: cannot send our proof of the job key: {e}");
         return;
     }
+    let mut reader = BufReader::new(Deadlined { stream: &stream, deadline: Instant::now() + limits.idle_timeout });
     loop {
         reader.get_mut().deadline = Instant::now() + limits.idle_timeout;
         let op = match read_op(&mut reader) {

@@ -5,6 +5,8 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::sync::{Arc, Barrier};
 
+mod admission;
+
 const KEY: &str = "store-test-job-key";
 
 fn key() -> JobKey {
@@ -202,8 +204,8 @@ fn assert_bad_request_dropped(addr: SocketAddr, bytes: &[u8]) {
 
 #[test]
 fn garbage_is_dropped_and_the_server_keeps_serving() {
-    // Junk that starts like a hello and stops is dropped at the read deadline.
-    let server = server_with(StoreLimits { read_deadline: Duration::from_secs(1), ..StoreLimits::default() });
+    // Junk that starts like a hello and stops is dropped at the proof deadline.
+    let server = server_with(StoreLimits { proof_deadline: Duration::from_secs(1), ..StoreLimits::default() });
     let s = client_of(&server);
     s.set("before", b"1").unwrap();
     let addr = server.local_addr();
@@ -283,7 +285,11 @@ fn a_client_without_the_key_can_neither_read_nor_write() {
 
 #[test]
 fn a_slow_client_is_dropped_at_the_read_deadline() {
-    let server = server_with(StoreLimits { read_deadline: Duration::from_millis(300), ..StoreLimits::default() });
+    let server = server_with(StoreLimits {
+        read_deadline: Duration::from_millis(300),
+        proof_deadline: Duration::from_millis(300),
+        ..StoreLimits::default()
+    });
     let addr = server.local_addr();
     let s = client_of(&server);
     // Silent after connecting: dropped after the hello.
@@ -352,35 +358,6 @@ fn stored_bytes_are_capped() {
 }
 
 #[test]
-fn connections_past_the_cap_are_refused_and_served_again_once_below_it() {
-    let server = server_with(StoreLimits { max_connections: 3, ..StoreLimits::default() });
-    let addr = server.local_addr();
-    let s = client_of(&server); // one connection, pooled
-    let mut held = vec![authed_raw(addr), authed_raw(addr)];
-    // The fourth is closed at once, before the server's hello.
-    let mut refused = TcpStream::connect(addr).unwrap();
-    assert!(read_to_close(&mut refused).is_empty());
-    let err = TcpStore::connect(&addr.to_string(), key(), Duration::from_secs(5)).unwrap_err();
-    assert!(err.to_string().contains("connection cap"), "{err}");
-    // The connections the server holds are still served.
-    s.set("k", b"v").unwrap();
-    held.pop();
-    // Once one closes (its thread ends), a new client gets in.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let late = loop {
-        match TcpStore::connect(&addr.to_string(), key(), Duration::from_secs(5)) {
-            Ok(c) => break c,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("no connection after one closed: {e}"),
-        }
-    };
-    assert_eq!(late.get("k").unwrap().unwrap(), b"v");
-}
-
-#[test]
 fn the_server_bounds_wait() {
     let server = server_with(StoreLimits { max_wait: Duration::from_millis(200), ..StoreLimits::default() });
     let s = client_of(&server);
@@ -432,7 +409,7 @@ fn connect_or_host_race_one_hosts_both_work() {
             let (addr, barrier) = (addr.clone(), barrier.clone());
             std::thread::spawn(move || {
                 barrier.wait();
-                let s = TcpStore::connect_or_host(&addr, true, key(), Duration::from_secs(5)).unwrap();
+                let s = TcpStore::connect_or_host(&addr, true, 2, key(), Duration::from_secs(5)).unwrap();
                 s.set(&format!("racer{i}"), b"here").unwrap();
                 s
             })
@@ -447,14 +424,14 @@ fn connect_or_host_race_one_hosts_both_work() {
     }
     assert_eq!(stores[0].get("both").unwrap().unwrap(), b"2");
     // A rank that is not asked to host never does, even on a free port.
-    let client = TcpStore::connect_or_host(&addr, false, key(), Duration::from_secs(5)).unwrap();
+    let client = TcpStore::connect_or_host(&addr, false, 2, key(), Duration::from_secs(5)).unwrap();
     assert!(!client.hosts_server());
     assert_eq!(client.get("racer1").unwrap().unwrap(), b"here");
 }
 
 #[test]
 fn connect_or_host_on_port_zero_reports_the_real_port() {
-    let s = TcpStore::connect_or_host("127.0.0.1:0", true, key(), Duration::from_secs(5)).unwrap();
+    let s = TcpStore::connect_or_host("127.0.0.1:0", true, 2, key(), Duration::from_secs(5)).unwrap();
     let real = s.hosted_addr().unwrap();
     assert_ne!(real.port(), 0);
     let other = TcpStore::connect(&real.to_string(), key(), Duration::from_secs(5)).unwrap();
@@ -515,7 +492,7 @@ fn ipv6_loopback_works() {
     s.set("v6", b"yes").unwrap();
     assert_eq!(s.get("v6").unwrap().unwrap(), b"yes");
     assert_eq!(s.add("n", 2).unwrap(), 2);
-    let hosted = TcpStore::connect_or_host("[::1]:0", true, key(), Duration::from_secs(5)).unwrap();
+    let hosted = TcpStore::connect_or_host("[::1]:0", true, 2, key(), Duration::from_secs(5)).unwrap();
     assert!(hosted.hosted_addr().unwrap().is_ipv6());
     hosted.set("k", b"v").unwrap();
     assert_eq!(hosted.get("k").unwrap().unwrap(), b"v");
