@@ -62,6 +62,8 @@ const WAIT_SLACK: Duration = Duration::from_secs(10);
 /// Connections a client keeps open between calls; each holds a server thread,
 /// so the server's cap budgets [`StoreLimits::CONNS_PER_RANK`] per rank.
 const MAX_IDLE_CONNS: usize = 2;
+// A rank's pool alone must leave room in its share of the cap for calls in flight.
+const _: () = assert!(MAX_IDLE_CONNS < StoreLimits::CONNS_PER_RANK);
 /// First and longest pause before trying again a server at its connection cap.
 const FULL_FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const FULL_MAX_BACKOFF: Duration = Duration::from_millis(500);

@@ -29,6 +29,7 @@ use super::{Link, TransportKind};
 use crate::auth::JobKey;
 use crate::bootstrap::Store;
 use crate::error::{Error, OpContext, Result};
+pub use handshake::MAX_PENDING;
 use handshake::*;
 
 /// Most buffers handed to one `sendmsg`; the kernel's IOV_MAX is 1024, and the
@@ -61,6 +62,9 @@ pub struct MeshOptions {
     /// The job key both ends of every link prove in the handshake (default: none,
     /// which proves nothing). Never sent.
     pub key: JobKey,
+    /// Accepted connections that may sit unproven at once (default [`MAX_PENDING`]);
+    /// past it strangers that never sent a valid hello are dropped first.
+    pub max_pending: usize,
 }
 
 impl MeshOptions {
@@ -78,6 +82,7 @@ impl MeshOptions {
             socket_buffer: None,
             peers: None,
             key: JobKey::none(),
+            max_pending: MAX_PENDING,
         }
     }
 
@@ -279,14 +284,16 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
             }
         }
 
-        // Incoming: take every waiting connection, then move every handshake along.
-        accept_all(&listener, &mut incoming, rank);
+        // Incoming: take the waiting connections, move every handshake along, then
+        // shed the unproven past the cap (so a new one's hello is read first).
+        accept_some(&listener, &mut incoming, rank, opts.max_pending);
         let mut i = 0;
         while i < incoming.len() {
             match drive_incoming(&mut incoming[i], opts, &mut claimed) {
                 Ok(Step::Pending) => i += 1,
                 Ok(Step::Ready(from)) => {
-                    let inc = incoming.swap_remove(i);
+                    // `remove`, not `swap_remove`: shedding needs oldest first.
+                    let inc = incoming.remove(i);
                     match make_link(inc.sock, from, opts) {
                         Ok(link) => links[from] = Some(link),
                         Err(e) => {
@@ -297,7 +304,7 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
                 }
                 Err(why) => {
                     // Strangers and garbage are routine on an open port: debug, not warn.
-                    let inc = incoming.swap_remove(i);
+                    let inc = incoming.remove(i);
                     tracing::debug!(rank, addr = %inc.addr, "tcp mesh: dropping connection: {why}");
                     if let Some(from) = inc.claims().filter(|_| why.contains(KEY_NOT_PROVEN)) {
                         key_failures[from] = Some(format!("{why} ({})", inc.addr));
@@ -305,6 +312,7 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
                 }
             }
         }
+        shed_pending(&mut incoming, rank, opts.max_pending);
 
         // Checked after the work and before sleeping: the last step of progress
         // must not be followed by a wait for events that will never come.

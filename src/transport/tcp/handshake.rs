@@ -51,10 +51,13 @@ pub(super) const PROOF_MSG_LEN: usize = HEADER_LEN + PROOF_LEN;
 pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 pub(super) const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
-/// Most accepted connections that may sit unproven at once. Past it the oldest
-/// is dropped: a flood of silent strangers costs them their own sockets, not
-/// this rank its descriptors (a real rank whose attempt is dropped retries).
-pub(super) const MAX_PENDING: usize = 256;
+/// Most accepted connections that may sit unproven at once (the default of
+/// [`super::MeshOptions::max_pending`]). Past it the oldest that has not sent a
+/// valid hello is dropped, else the newest: a flood of silent strangers costs
+/// them their own sockets, not this rank its descriptors, and never pushes out
+/// a real rank's handshake once its hello is in (a real rank sends it as soon
+/// as it connects; one whose attempt is dropped retries).
+pub const MAX_PENDING: usize = 256;
 
 /// Part of every error for a failed job-key proof (the mesh tells those apart).
 pub(super) const KEY_NOT_PROVEN: &str = "did not prove the job key";
@@ -472,20 +475,16 @@ pub(super) fn drive_incoming(
     }
 }
 
-/// Take every waiting connection. Past [`MAX_PENDING`] unproven connections the
-/// oldest are dropped.
-pub(super) fn accept_all(listener: &Socket, incoming: &mut Vec<Incoming>, rank: usize) {
-    loop {
+/// Take up to `max` waiting connections (the rest wait for the next turn of
+/// the poll loop, so a burst cannot starve the handshakes already under way).
+pub(super) fn accept_some(listener: &Socket, incoming: &mut Vec<Incoming>, rank: usize, max: usize) {
+    for _ in 0..max.max(1) {
         match listener.accept() {
             Ok((sock, addr)) => {
                 let addr = addr.as_socket().map_or_else(|| "?".to_owned(), |a| a.to_string());
                 if let Err(e) = sock.set_nonblocking(true) {
                     tracing::debug!(rank, %addr, "tcp mesh: dropping connection: {e}");
                     continue;
-                }
-                if incoming.len() >= MAX_PENDING {
-                    let old = incoming.remove(0);
-                    tracing::debug!(rank, addr = %old.addr, "tcp mesh: dropping the oldest unproven connection");
                 }
                 incoming.push(Incoming::new(sock, addr));
             }
@@ -499,6 +498,23 @@ pub(super) fn accept_all(listener: &Socket, incoming: &mut Vec<Incoming>, rank: 
                 return;
             }
         }
+    }
+}
+
+/// Drop unproven connections (`incoming` is oldest first) until at most `max`
+/// remain: first the oldest that have not sent a valid hello, then the newest.
+/// A connection past its hello claims a rank that this one links with and is a
+/// round trip from proving it; a stranger that never speaks cannot push it out.
+pub(super) fn shed_pending(incoming: &mut Vec<Incoming>, rank: usize, max: usize) {
+    while incoming.len() > max {
+        let at = incoming.iter().position(|i| i.claims().is_none()).unwrap_or(incoming.len() - 1);
+        let dropped = incoming.remove(at);
+        tracing::debug!(
+            rank,
+            addr = %dropped.addr,
+            "tcp mesh: {} connections are unproven, the most allowed is {max}: dropping one",
+            incoming.len() + 1
+        );
     }
 }
 

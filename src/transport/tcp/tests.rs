@@ -441,6 +441,41 @@ fn an_impostor_without_the_key_cannot_take_a_ranks_place() {
 }
 
 #[test]
+fn a_flood_past_max_pending_does_not_push_out_a_real_ranks_handshake() {
+    // A real rank 0 with room for 4 unproven connections; rank 1 played by hand.
+    let store = MemStore::new();
+    let mut o = keyed(0, 2, "flood");
+    o.max_pending = 4;
+    o.timeout = Duration::from_secs(10);
+    let (comm, key) = (o.comm_id, o.key.clone());
+    std::thread::scope(|s| {
+        let r0 = s.spawn(|| connect_mesh(&o, &store));
+        let addr = published(&store, "flood", 0);
+        // The real rank 1 is half way: its hello sent, rank 0's ack in, its proof not yet sent.
+        let ours = crate::auth::challenge();
+        let mut real = stranger(addr, &encode_hello(comm, 1, 0, &ours));
+        let mut ack = [0u8; ACK_LEN];
+        real.read_exact(&mut ack).unwrap();
+        let theirs = decode_ack(&ack, &key, comm, 1, 0, &ours).unwrap();
+        // Three times the cap of strangers that never speak, then the cap of
+        // strangers that claim rank 1 in a valid hello and stop there.
+        let _silent: Vec<TcpStream> = (0..12).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let claimants: Vec<TcpStream> = (0..4).map(|_| stranger(addr, &hello(comm, 1, 0))).collect();
+        // Each claimant is answered or dropped: rank 0 has taken in the whole flood.
+        for mut c in claimants {
+            let _ = c.read_exact(&mut [0u8; ACK_LEN]);
+        }
+        // The real rank's proof still lands, and its link is the one made.
+        let proof = real.write_all(&encode_proof(&key, comm, 1, 0, &ours, &theirs));
+        let links = r0.join().unwrap();
+        proof.unwrap();
+        let mut l1 = links.unwrap().into_iter().nth(1).unwrap().unwrap();
+        real.write_all(b"real").unwrap();
+        assert_eq!(recv_exact(&mut l1, 4), b"real");
+    });
+}
+
+#[test]
 fn ranks_with_different_keys_fail_naming_the_key_and_the_peer() {
     for (k0, k1) in [(JobKey::from_text("key-a"), JobKey::from_text("key-b")), (JobKey::from_text("k"), JobKey::none())]
     {

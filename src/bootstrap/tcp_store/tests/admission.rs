@@ -91,6 +91,5 @@ fn a_hosted_store_has_room_for_a_world_above_4096_ranks() {
     let s = TcpStore::connect_or_host("127.0.0.1:0", true, world, key(), Duration::from_secs(5)).unwrap();
     let limits = s.server.as_ref().unwrap().limits().clone();
     assert!(limits.max_connections >= world * StoreLimits::CONNS_PER_RANK, "{limits:?}");
-    assert!(StoreLimits::CONNS_PER_RANK > MAX_IDLE_CONNS, "a rank's pool alone would fill its share of the cap");
     s.set("k", b"v").unwrap();
 }
