@@ -482,3 +482,60 @@ fn single_copy_and_staged_peers_in_one_call() {
     });
     assert!(s.iter().all(|d| d.stats().peer_maps > 0), "ranks 0 and 1 read each other's memory");
 }
+
+/// A call gives back the peer mappings it opened when it ends: none outlives
+/// it, even while the peer's buffer is still allocated (the peer may free it as
+/// soon as its own call returns).
+#[test]
+fn a_call_closes_its_peer_mappings_when_it_ends() {
+    let s = sims(3, false, "close");
+    let for_ranks = s.clone();
+    on_ranks(bound_inproc(as_devices(&s)), move |c| {
+        let sim = for_ranks[c.rank()].clone();
+        let dev: Arc<dyn Device> = sim.clone();
+        let mut b = upload(&dev, &vec![c.rank() as i32 + 1; LARGE]);
+        for round in 0..2 {
+            c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+            check("all-reduce", &download(&b), |_| 6 * 3i32.pow(round));
+            // Every rank's buffer is still allocated here.
+            assert_eq!(sim.mapped_allocations(), 0, "round {round}: mappings left open after the call");
+            c.barrier().unwrap();
+        }
+        assert!(sim.stats().peer_maps >= 2, "each call maps its peers' buffers again");
+    });
+}
+
+/// Device memory that cannot be exported (as `cudaMallocAsync` or `cuMemCreate`
+/// memory cannot) does not fail the call: its sends go through an exportable
+/// buffer, with forwards (ring, tree) and without, and the results are exact.
+#[test]
+fn unexportable_buffers_fall_back_and_the_collective_is_exact() {
+    let s = sims(3, false, "unexp");
+    let for_ranks = s.clone();
+    on_ranks(bound_inproc(as_devices(&s)), move |c| {
+        let (r, n) = (c.rank(), c.world_size());
+        let sim = for_ranks[r].clone();
+        let dev: Arc<dyn Device> = sim.clone();
+        let len = LARGE * 4;
+        // Rank 0's buffer cannot be exported; the others' can.
+        let p = if r == 0 { sim.alloc_unexportable(len).unwrap() } else { dev.alloc_device(len).unwrap() };
+        if r == 0 {
+            assert!(dev.export(p, len).is_err(), "the simulated memory refuses export");
+        }
+        for algo in [Algorithm::Ring, Algorithm::Tree, Algorithm::Direct, Algorithm::Chain] {
+            c.set_algorithm(Some(algo));
+            let mine: Vec<i32> = (0..LARGE).map(|i| value(r, i)).collect();
+            sim.upload(p, &bytes(&mine)).unwrap();
+            let sig = braid::CallSig::new(braid::OpKind::AllReduce, DType::I32, LARGE as u64, 0, ReduceOp::Sum);
+            // SAFETY: `p` is `len` bytes of this rank's device, used by nothing else during the call.
+            unsafe { c.collective_device_raw(&dev, sig, None, (p, len)) }.unwrap();
+            let mut out = vec![0u8; len];
+            sim.download(p, &mut out).unwrap();
+            check(&format!("{algo:?} rank {r}"), &from_bytes(&out), |i| (0..n).map(|q| value(q, i)).sum());
+            assert_eq!(sim.mapped_allocations(), 0);
+        }
+        // SAFETY: allocated above, freed once, after every call on it.
+        unsafe { dev.free_device(p, len) };
+    });
+    assert_eq!(s[0].stats().to_host, 0, "no host staging either");
+}

@@ -10,14 +10,25 @@
 //! their devices' domains directly. Calls on buffers of the bound device then use
 //! [`PeerCopyChannel`](crate::executor::peer_copy::PeerCopyChannel) with the
 //! marked peers and staging with the rest.
+//!
+//! Each marked peer also carries where it runs ([`PeerProcess`]): only a peer of
+//! this process may name device addresses of it. In-process communicators are
+//! threads of one process by construction. Over a store, a rank proves it: it
+//! draws a random claim, records it in a table of this process under the
+//! communicator's prefix and its rank, and publishes it with its domain; a peer
+//! is of this process only if its published claim is in this process's table
+//! under its own rank. A rank of another process cannot write that table, and
+//! repeating another rank's claim names the wrong rank; a pid would prove nothing
+//! (pid namespaces repeat them, and a peer writes whatever it likes).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::engine::Engine;
 use super::{Communicator, Origin};
 use crate::bootstrap::{PrefixStore, Store};
-use crate::device::Device;
+use crate::device::{Device, PeerProcess};
 use crate::error::{Error, Result};
 
 /// Longest peer domain a rank publishes or accepts.
@@ -26,40 +37,84 @@ const MAX_DOMAIN: usize = 256;
 const NO_DOMAIN: &[u8] = b"-";
 /// Prefix of the store value of a rank with a domain.
 const DOMAIN_TAG: &[u8] = b"d:";
+/// Bytes of a rank's same-process claim.
+const CLAIM_LEN: usize = 16;
+
+type Claim = [u8; CLAIM_LEN];
 
 /// The device a communicator is bound to and the peers it reaches single-copy.
 pub(crate) struct DeviceBinding {
     pub(super) device: Arc<dyn Device>,
-    /// By rank: whether the peer's device maps this device's memory (and back).
-    pub(super) peers: Arc<[bool]>,
+    /// By rank: for a peer whose device maps this device's memory (and back),
+    /// where it runs; None for the others.
+    pub(super) peers: Arc<[Option<PeerProcess>]>,
+    /// This rank's entry in the process's claims, withdrawn with the binding.
+    _claim: Option<LocalClaim>,
+}
+
+/// Claims of the ranks of this process, by claim: (communicator prefix, rank).
+fn local_claims() -> std::sync::MutexGuard<'static, HashMap<Claim, (String, usize)>> {
+    static CLAIMS: OnceLock<Mutex<HashMap<Claim, (String, usize)>>> = OnceLock::new();
+    CLAIMS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A claim of this process, recorded until dropped.
+struct LocalClaim(Claim);
+
+impl LocalClaim {
+    fn new(prefix: &str, rank: usize) -> LocalClaim {
+        let claim = crate::auth::random_bytes();
+        local_claims().insert(claim, (prefix.to_string(), rank));
+        LocalClaim(claim)
+    }
+}
+
+impl Drop for LocalClaim {
+    fn drop(&mut self) {
+        local_claims().remove(&self.0);
+    }
+}
+
+/// Where rank `rank` of the communicator under `prefix`, which published `claim`, runs.
+fn process_of(prefix: &str, rank: usize, claim: &Claim) -> PeerProcess {
+    match local_claims().get(claim) {
+        Some((p, r)) if p == prefix && *r == rank => PeerProcess::This,
+        _ => PeerProcess::Other,
+    }
 }
 
 fn domain_key(rank: usize) -> String {
     format!("device_domain/{rank}")
 }
 
-fn encode_domain(domain: Option<&str>) -> Result<Vec<u8>> {
+/// The store value of a rank: its domain and its claim, or that it has no domain.
+fn encode_domain(domain: Option<&str>, claim: &Claim) -> Result<Vec<u8>> {
     match domain {
         None => Ok(NO_DOMAIN.to_vec()),
-        Some(d) if d.len() <= MAX_DOMAIN => Ok([DOMAIN_TAG, d.as_bytes()].concat()),
+        Some(d) if d.len() <= MAX_DOMAIN => Ok([DOMAIN_TAG, claim, b":", d.as_bytes()].concat()),
         Some(d) => {
             Err(Error::InvalidArgument(format!("a device peer domain of {} bytes (at most {MAX_DOMAIN})", d.len())))
         }
     }
 }
 
-/// A peer's published domain; the value is untrusted.
-fn decode_domain(v: &[u8]) -> std::result::Result<Option<String>, String> {
+/// A peer's published domain and claim; the value is untrusted.
+fn decode_domain(v: &[u8]) -> std::result::Result<Option<(String, Claim)>, String> {
     if v == NO_DOMAIN {
         return Ok(None);
     }
-    let Some(d) = v.strip_prefix(DOMAIN_TAG) else {
-        return Err(format!("{} bytes that are not a published device domain", v.len()));
-    };
+    let not_ours = || format!("{} bytes that are not a published device domain", v.len());
+    let rest = v.strip_prefix(DOMAIN_TAG).ok_or_else(not_ours)?;
+    if rest.len() < CLAIM_LEN + 1 || rest[CLAIM_LEN] != b':' {
+        return Err(not_ours());
+    }
+    let claim: Claim = rest[..CLAIM_LEN].try_into().expect("claim bytes");
+    let d = &rest[CLAIM_LEN + 1..];
     if d.len() > MAX_DOMAIN {
         return Err(format!("a domain of {} bytes (at most {MAX_DOMAIN})", d.len()));
     }
-    String::from_utf8(d.to_vec()).map(Some).map_err(|_| "a domain that is not UTF-8".to_string())
+    let d = String::from_utf8(d.to_vec()).map_err(|_| "a domain that is not UTF-8".to_string())?;
+    Ok(Some((d, claim)))
 }
 
 /// After a store-built communicator has connected: publish this rank's domain
@@ -70,28 +125,39 @@ pub(super) fn bind_built(comm: &Communicator, device: Option<Arc<dyn Device>>) -
     let scoped = PrefixStore::new(origin.prefix.clone(), origin.store.clone());
     let (rank, world) = (comm.rank(), comm.world_size());
     let mine = device.as_ref().and_then(|d| d.peer_domain());
-    scoped.set(&domain_key(rank), &encode_domain(mine.as_deref())?)?;
+    // Recorded before it is published, so a rank of this process that reads it
+    // finds it.
+    let claim = mine.as_ref().map(|_| LocalClaim::new(&origin.prefix, rank));
+    let published = encode_domain(mine.as_deref(), claim.as_ref().map_or(&[0; CLAIM_LEN], |c| &c.0))?;
+    scoped.set(&domain_key(rank), &published)?;
     let Some(device) = device else { return Ok(()) };
     let peers = match &mine {
-        None => vec![false; world],
-        Some(mine) => read_peers(&scoped, rank, world, mine, origin.cfg.timeout)?,
+        None => vec![None; world],
+        Some(mine) => read_peers(&scoped, &origin.prefix, rank, world, mine, origin.cfg.timeout)?,
     };
     tracing::debug!(rank, device = device.describe(), ?peers, "device bound; single-copy peers marked");
-    comm.core.shared.lock_engine().binding = Some(DeviceBinding { device, peers: peers.into() });
+    comm.core.shared.lock_engine().binding = Some(DeviceBinding { device, peers: peers.into(), _claim: claim });
     Ok(())
 }
 
-fn read_peers(scoped: &PrefixStore, rank: usize, world: usize, mine: &str, timeout: Duration) -> Result<Vec<bool>> {
+fn read_peers(
+    scoped: &PrefixStore,
+    prefix: &str,
+    rank: usize,
+    world: usize,
+    mine: &str,
+    timeout: Duration,
+) -> Result<Vec<Option<PeerProcess>>> {
     (0..world)
         .map(|p| {
             if p == rank {
-                return Ok(false);
+                return Ok(None);
             }
             let raw = scoped.wait_get(&domain_key(p), timeout)?;
             let theirs = decode_domain(&raw).map_err(|why| {
                 Error::Store(format!("rank {rank}: {}/{} holds {why}", scoped.prefix(), domain_key(p)))
             })?;
-            Ok(theirs.as_deref() == Some(mine))
+            Ok(theirs.filter(|(d, _)| d == mine).map(|(_, claim)| process_of(prefix, p, &claim)))
         })
         .collect()
 }
@@ -100,12 +166,14 @@ fn read_peers(scoped: &PrefixStore, rank: usize, world: usize, mine: &str, timeo
 pub(super) fn bind_in_process(comms: &[Communicator], devices: Vec<Arc<dyn Device>>) -> Result<()> {
     let domains: Vec<Option<String>> = devices.iter().map(|d| d.peer_domain()).collect();
     for d in domains.iter().flatten() {
-        encode_domain(Some(d))?;
+        encode_domain(Some(d), &[0; CLAIM_LEN])?;
     }
     for ((r, comm), device) in comms.iter().enumerate().zip(devices) {
-        let peers: Vec<bool> =
-            (0..comms.len()).map(|p| p != r && domains[r].is_some() && domains[p] == domains[r]).collect();
-        comm.core.shared.lock_engine().binding = Some(DeviceBinding { device, peers: peers.into() });
+        // Threads of this process by construction.
+        let peers: Vec<Option<PeerProcess>> = (0..comms.len())
+            .map(|p| (p != r && domains[r].is_some() && domains[p] == domains[r]).then_some(PeerProcess::This))
+            .collect();
+        comm.core.shared.lock_engine().binding = Some(DeviceBinding { device, peers: peers.into(), _claim: None });
     }
     Ok(())
 }
@@ -115,12 +183,12 @@ impl Engine {
     /// single-copy. A call on another device than the bound one is staged with
     /// every peer, which the peers can only match if none of them copies
     /// single-copy with this rank: otherwise it is refused.
-    pub(super) fn peer_copy_for(&self, device: Option<&Arc<dyn Device>>) -> Result<Option<Arc<[bool]>>> {
+    pub(super) fn peer_copy_for(&self, device: Option<&Arc<dyn Device>>) -> Result<Option<Arc<[Option<PeerProcess>]>>> {
         let (Some(b), Some(d)) = (&self.binding, device) else { return Ok(None) };
         if Arc::ptr_eq(&b.device, d) {
             return Ok(Some(b.peers.clone()));
         }
-        let marked: Vec<usize> = (0..b.peers.len()).filter(|&p| b.peers[p]).collect();
+        let marked: Vec<usize> = (0..b.peers.len()).filter(|&p| b.peers[p].is_some()).collect();
         if marked.is_empty() {
             return Ok(None);
         }
@@ -172,7 +240,7 @@ impl Communicator {
     /// device reach them single-copy.
     pub fn single_copy_peers(&self) -> Vec<usize> {
         let e = self.core.shared.lock_engine();
-        e.binding.as_ref().map(|b| (0..b.peers.len()).filter(|&p| b.peers[p]).collect()).unwrap_or_default()
+        e.binding.as_ref().map(|b| (0..b.peers.len()).filter(|&p| b.peers[p].is_some()).collect()).unwrap_or_default()
     }
 }
 
@@ -182,13 +250,30 @@ mod tests {
 
     #[test]
     fn published_domains_round_trip_and_untrusted_values_are_refused() {
-        assert_eq!(decode_domain(&encode_domain(None).unwrap()), Ok(None));
-        let v = encode_domain(Some("sim-process:7")).unwrap();
-        assert_eq!(decode_domain(&v), Ok(Some("sim-process:7".into())));
-        assert!(encode_domain(Some(&"x".repeat(MAX_DOMAIN + 1))).is_err());
-        let long = [DOMAIN_TAG, "x".repeat(MAX_DOMAIN + 1).as_bytes()].concat();
+        let c = [7u8; CLAIM_LEN];
+        assert_eq!(decode_domain(&encode_domain(None, &c).unwrap()), Ok(None));
+        let v = encode_domain(Some("sim-process:7"), &c).unwrap();
+        assert_eq!(decode_domain(&v), Ok(Some(("sim-process:7".into(), c))));
+        assert!(encode_domain(Some(&"x".repeat(MAX_DOMAIN + 1)), &c).is_err());
+        let long = [DOMAIN_TAG, &c, b":", "x".repeat(MAX_DOMAIN + 1).as_bytes()].concat();
         assert!(decode_domain(&long).unwrap_err().contains("at most"));
         assert!(decode_domain(b"zz").is_err());
-        assert!(decode_domain(b"d:\xff").unwrap_err().contains("UTF-8"));
+        assert!(decode_domain(b"d:short").unwrap_err().contains("not a published"));
+        assert!(decode_domain(&[DOMAIN_TAG, &c, b":\xff"].concat()).unwrap_err().contains("UTF-8"));
+    }
+
+    /// A rank is of this process only by a claim this process recorded for that
+    /// very rank: another process repeating a published claim, or a guess, is not.
+    #[test]
+    fn only_a_claim_recorded_here_for_that_rank_proves_this_process() {
+        let prefix = format!("binding-test-{:016x}", u64::from_le_bytes(crate::auth::random_bytes()));
+        let (r0, r1) = (LocalClaim::new(&prefix, 0), LocalClaim::new(&prefix, 1));
+        assert_eq!(process_of(&prefix, 1, &r1.0), PeerProcess::This);
+        assert_eq!(process_of(&prefix, 1, &r0.0), PeerProcess::Other, "rank 0's claim repeated by rank 1");
+        assert_eq!(process_of("another", 1, &r1.0), PeerProcess::Other, "another communicator");
+        assert_eq!(process_of(&prefix, 2, &[9; CLAIM_LEN]), PeerProcess::Other, "a guess");
+        let stale = r1.0;
+        drop(r1);
+        assert_eq!(process_of(&prefix, 1, &stale), PeerProcess::Other, "withdrawn with its binding");
     }
 }

@@ -22,11 +22,15 @@
 //! device) nothing is staged: the sender [exports](Device::export) its region, the
 //! receiver [opens](Device::open_export) it and copies or reduces straight from
 //! the peer's memory in one device operation per piece (the executor's peer-copy
-//! channel).
+//! channel). A call holds what it opened until it ends, then
+//! [closes](Device::close_export) it: no mapping outlives the call that read it,
+//! and none closes while that call's device work may still read it
+//! ([`peer_maps`] holds the bookkeeping both devices share).
 //!
 //! Implementations: [`SimDevice`] (always), and the CUDA device (`cuda` feature).
 
 pub mod cuda;
+pub mod peer_maps;
 pub mod sim;
 
 use std::sync::Arc;
@@ -148,15 +152,38 @@ pub trait Device: Send + Sync {
         Err(Error::Unsupported(format!("{}: exporting device memory to peers", self.describe())))
     }
 
-    /// Map the allocation a peer exported (cached: opening one handle again
-    /// returns the same mapping) and return its base address on this device and
-    /// its size. `handle` comes from a peer and is untrusted: implementations
+    /// Map the allocation a peer exported and return its base address on this
+    /// device and its size; every call must be paired with one
+    /// [`Device::close_export`] of the same handle once the work reading it has
+    /// completed (opening one handle again while it is open returns the same
+    /// mapping). `handle` comes from a peer and is untrusted: implementations
     /// validate all of it, and callers check every offset and length against the
-    /// returned size before they use the mapping.
-    fn open_export(&self, handle: &[u8]) -> Result<(DevicePtr, usize)> {
-        let _ = handle;
+    /// returned size before they use the mapping. `peer` is where the
+    /// communicator established that the peer runs: only a peer of this process
+    /// may name an address of it; a handle's own claim decides nothing.
+    fn open_export(&self, handle: &[u8], peer: PeerProcess) -> Result<(DevicePtr, usize)> {
+        let _ = (handle, peer);
         Err(Error::Unsupported(format!("{}: opening a peer's device memory", self.describe())))
     }
+
+    /// Give back one [`Device::open_export`] of `handle`; the mapping closes when
+    /// no open of it remains. The caller's work reading it has completed (the
+    /// executor synchronizes first). A handle this device does not hold open is
+    /// ignored.
+    fn close_export(&self, handle: &[u8]) {
+        let _ = handle;
+    }
+}
+
+/// Where a peer that reads device memory runs, as the communicator established
+/// it when it was bound (never as the peer's own bytes claim).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerProcess {
+    /// A thread of this process: its device addresses are addresses here too.
+    This,
+    /// Another process, or one not proven to be this one: its memory is reached
+    /// only through the driver's import of its handle.
+    Other,
 }
 
 /// Longest handle [`Device::export`] may produce (a CUDA IPC handle is 64 bytes).

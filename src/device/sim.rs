@@ -16,12 +16,20 @@
 //! then on. When the owner frees an allocation a peer has mapped, the peer's later
 //! use of it is an error: refused when enqueued, or reported by the next poll when
 //! the free came between enqueueing and running (a real device's illegal access).
+//! A mapping is held per [`Device::open_export`] and removed when the last hold is
+//! given back ([`Device::close_export`]): work still queued on it then fails, so a
+//! caller that closes too early is caught. Each device belongs to a simulated
+//! process (this one's [token](super::peer_maps::process_token) unless made with
+//! [`SimDevice::in_process`]), and its handles say so, as a CUDA device's do.
+//! [`SimDevice::alloc_unexportable`] makes memory that cannot be exported, as
+//! `cudaMallocAsync` and `cuMemCreate` memory cannot be shared through IPC handles.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use super::{Device, DevicePtr, Export, Ticket};
+use super::peer_maps::{check_claim, process_token, Mappings, TOKEN_LEN};
+use super::{Device, DevicePtr, Export, PeerProcess, Ticket};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::types::{DType, ReduceOp};
@@ -35,8 +43,8 @@ const RANGE_BITS: u32 = 40;
 const GUARD: u64 = 1 << 16;
 /// Export handles start with this.
 const HANDLE_MAGIC: &[u8; 4] = b"bsim";
-/// magic, pid (u32), owner device id, allocation id, allocation length (u64 each).
-const HANDLE_LEN: usize = 32;
+/// magic, process token, owner device id, allocation id, allocation length (u64 each).
+const HANDLE_LEN: usize = 4 + TOKEN_LEN + 24;
 
 static NEXT_DEVICE: AtomicU64 = AtomicU64::new(1);
 static NEXT_ALLOC: AtomicU64 = AtomicU64::new(1);
@@ -52,6 +60,8 @@ fn exports() -> MutexGuard<'static, HashMap<u64, Weak<Alloc>>> {
 pub struct SimDevice {
     id: u64,
     name: String,
+    /// The simulated process this device belongs to.
+    process: [u8; TOKEN_LEN],
     state: Mutex<State>,
 }
 
@@ -80,6 +90,8 @@ struct Alloc {
     /// The owner's address of the first byte.
     base: DevicePtr,
     len: usize,
+    /// False for memory no peer can map (see [`SimDevice::alloc_unexportable`]).
+    exportable: bool,
     mem: Mutex<Option<Box<[u8]>>>,
 }
 
@@ -105,8 +117,9 @@ struct State {
     allocs: BTreeMap<DevicePtr, Arc<Alloc>>,
     /// Peers' allocations opened here, by the address they got on this device.
     mapped: BTreeMap<DevicePtr, Arc<Alloc>>,
-    /// Allocation id -> address in `mapped` (the open_export cache).
-    opened: HashMap<u64, DevicePtr>,
+    /// Open peer allocations by handle, and their holders: the value is the
+    /// address in `mapped` to remove when the last hold goes.
+    maps: Mappings<DevicePtr>,
     next: DevicePtr,
     /// End of this device's address range.
     end: DevicePtr,
@@ -129,14 +142,20 @@ enum Op {
 }
 
 impl SimDevice {
-    /// A new simulated device named `name` (as in `describe`).
+    /// A new simulated device named `name` (as in `describe`), of this process.
     pub fn new(name: &str) -> SimDevice {
+        SimDevice::in_process(name, process_token())
+    }
+
+    /// A device of the simulated process with token `process`: its handles claim
+    /// that process, as those of a device of another process would.
+    pub fn in_process(name: &str, process: [u8; TOKEN_LEN]) -> SimDevice {
         let name = format!("sim:{name}");
         let state = State {
             name: name.clone(),
             allocs: BTreeMap::new(),
             mapped: BTreeMap::new(),
-            opened: HashMap::new(),
+            maps: Mappings::default(),
             next: 0,
             end: 0,
             hosts: HashMap::new(),
@@ -149,7 +168,23 @@ impl SimDevice {
         let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
         let start = BASE + ((id % (1 << 20)) << RANGE_BITS);
         let state = State { next: start, end: start + (1 << RANGE_BITS), ..state };
-        SimDevice { id, name, state: Mutex::new(state) }
+        SimDevice { id, name, process, state: Mutex::new(state) }
+    }
+
+    /// Allocate `len` bytes that [`Device::export`] refuses as unsupported, as
+    /// CUDA refuses IPC handles for stream-ordered (`cudaMallocAsync`) and
+    /// virtual (`cuMemCreate`) memory, PyTorch's expandable segments among them.
+    pub fn alloc_unexportable(&self, len: usize) -> Result<DevicePtr> {
+        self.allocate(len, false)
+    }
+
+    fn allocate(&self, len: usize, exportable: bool) -> Result<DevicePtr> {
+        let mut st = self.lock();
+        let p = SimDevice::reserve(&mut st, len)?;
+        let id = NEXT_ALLOC.fetch_add(1, Ordering::Relaxed);
+        let mem = Mutex::new(Some(vec![0u8; len].into_boxed_slice()));
+        st.allocs.insert(p, Arc::new(Alloc { id, owner: self.id, base: p, len, exportable, mem }));
+        Ok(p)
     }
 
     /// Copy `data` to device address `dst`, after everything enqueued so far.
@@ -198,38 +233,46 @@ impl SimDevice {
     }
 
     fn reserve(st: &mut State, len: usize) -> Result<DevicePtr> {
-        let p = st.next;
-        let span = (len as u64).div_ceil(GUARD).max(1) * GUARD + GUARD;
-        st.next = p
-            .checked_add(span)
-            .filter(|&n| n <= st.end)
-            .ok_or_else(|| Error::Device(format!("{}: out of addresses", st.name)))?;
-        Ok(p)
+        reserve_in(&mut st.next, st.end, &st.name, len)
     }
 }
 
-/// The handle naming allocation `a` of device `owner` of this process.
-fn encode_handle(owner: u64, a: &Alloc) -> Vec<u8> {
+/// `len` bytes of addresses from `*next` on (below `end`), and a guard gap.
+fn reserve_in(next: &mut DevicePtr, end: DevicePtr, name: &str, len: usize) -> Result<DevicePtr> {
+    let p = *next;
+    let span = (len as u64).div_ceil(GUARD).max(1) * GUARD + GUARD;
+    *next =
+        p.checked_add(span).filter(|&n| n <= end).ok_or_else(|| Error::Device(format!("{name}: out of addresses")))?;
+    Ok(p)
+}
+
+/// The handle naming allocation `a` of device `owner` of the simulated process `process`.
+fn encode_handle(process: &[u8; TOKEN_LEN], owner: u64, a: &Alloc) -> Vec<u8> {
     let mut h = Vec::with_capacity(HANDLE_LEN);
     h.extend_from_slice(HANDLE_MAGIC);
-    h.extend_from_slice(&std::process::id().to_le_bytes());
+    h.extend_from_slice(process);
     h.extend_from_slice(&owner.to_le_bytes());
     h.extend_from_slice(&a.id.to_le_bytes());
     h.extend_from_slice(&(a.len as u64).to_le_bytes());
     h
 }
 
-/// (owner device, allocation id, allocation length) of an untrusted handle.
-fn decode_handle(h: &[u8]) -> std::result::Result<(u64, u64, u64), String> {
+/// A decoded handle; every field came from a peer.
+struct SimHandle<'h> {
+    process: &'h [u8],
+    owner: u64,
+    id: u64,
+    len: u64,
+}
+
+/// Decode an untrusted handle (its process is checked by the caller).
+fn decode_handle(h: &[u8]) -> std::result::Result<SimHandle<'_>, String> {
     if h.len() != HANDLE_LEN || &h[..4] != HANDLE_MAGIC {
         return Err(format!("{} bytes that are not a simulated device's export handle", h.len()));
     }
+    let t = 4 + TOKEN_LEN;
     let word = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().expect("eight bytes"));
-    let pid = u32::from_le_bytes(h[4..8].try_into().expect("four bytes"));
-    if pid != std::process::id() {
-        return Err(format!("a handle of process {pid}, not of this process ({})", std::process::id()));
-    }
-    Ok((word(8), word(16), word(24)))
+    Ok(SimHandle { process: &h[4..t], owner: word(t), id: word(t + 8), len: word(t + 16) })
 }
 
 impl State {
@@ -335,12 +378,7 @@ impl Device for SimDevice {
     }
 
     fn alloc_device(&self, len: usize) -> Result<DevicePtr> {
-        let mut st = self.lock();
-        let p = SimDevice::reserve(&mut st, len)?;
-        let id = NEXT_ALLOC.fetch_add(1, Ordering::Relaxed);
-        let mem = Mutex::new(Some(vec![0u8; len].into_boxed_slice()));
-        st.allocs.insert(p, Arc::new(Alloc { id, owner: self.id, base: p, len, mem }));
-        Ok(p)
+        self.allocate(len, true)
     }
 
     unsafe fn free_device(&self, ptr: DevicePtr, len: usize) {
@@ -442,13 +480,21 @@ impl Device for SimDevice {
                 self.name
             )));
         };
+        if !a.exportable {
+            return Err(Error::Unsupported(format!(
+                "{}: [{ptr:#x}, +{len}) is in memory that cannot be shared with peers (allocated unexportable)",
+                self.name
+            )));
+        }
         exports().entry(a.id).or_insert_with(|| Arc::downgrade(a));
-        Ok(Export { handle: encode_handle(self.id, a), offset: (ptr - start) as usize })
+        Ok(Export { handle: encode_handle(&self.process, self.id, a), offset: (ptr - start) as usize })
     }
 
-    fn open_export(&self, handle: &[u8]) -> Result<(DevicePtr, usize)> {
+    fn open_export(&self, handle: &[u8], peer: PeerProcess) -> Result<(DevicePtr, usize)> {
         let refuse = |why: String| Error::Device(format!("{}: cannot open a peer's export: {why}", self.name));
-        let (owner, id, len) = decode_handle(handle).map_err(refuse)?;
+        let h = decode_handle(handle).map_err(refuse)?;
+        check_claim(peer, h.process, &self.process).map_err(refuse)?;
+        let (owner, id, len) = (h.owner, h.id, h.len);
         // Looked up before this device's lock is taken: frees take a device's lock,
         // then the registry's, never the other way round.
         let alloc = exports().get(&id).and_then(Weak::upgrade);
@@ -460,24 +506,32 @@ impl Device for SimDevice {
             return Err(refuse(format!("allocation {id} was freed by its owner")));
         }
         if owner == self.id {
+            // This device's own memory, by its own address: only a rank of this
+            // process can name it (IPC cannot open a process's own handles), and
+            // the allocation was checked live just above, on every open.
+            if peer == PeerProcess::Other {
+                return Err(refuse(format!(
+                    "allocation {id} is this device's own, named by a peer of another process"
+                )));
+            }
             return Ok((alloc.base, alloc.len));
         }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let (next, end, name, mapped, stats) = (&mut st.next, st.end, &st.name, &mut st.mapped, &mut st.stats);
+        st.maps.acquire(name, handle, || {
+            let p = reserve_in(next, end, name, alloc.len)?;
+            mapped.insert(p, alloc.clone());
+            stats.peer_maps += 1;
+            Ok((p, alloc.len, p))
+        })
+    }
+
+    fn close_export(&self, handle: &[u8]) {
         let mut st = self.lock();
-        // Mappings of freed allocations go (their addresses are never reused).
-        let dead: Vec<DevicePtr> = st.mapped.iter().filter(|(_, a)| !a.live()).map(|(&p, _)| p).collect();
-        for p in dead {
-            if let Some(a) = st.mapped.remove(&p) {
-                st.opened.remove(&a.id);
-            }
+        if let Some(p) = st.maps.release(handle) {
+            st.mapped.remove(&p);
         }
-        if let Some(&p) = st.opened.get(&id) {
-            return Ok((p, alloc.len));
-        }
-        let p = SimDevice::reserve(&mut st, alloc.len)?;
-        st.opened.insert(id, p);
-        st.mapped.insert(p, alloc.clone());
-        st.stats.peer_maps += 1;
-        Ok((p, alloc.len))
     }
 }
 
@@ -553,11 +607,11 @@ mod tests {
         // SAFETY: refused before anything is enqueued: b has not opened a's memory.
         let e = unsafe { b.copy_on_device(pb, pa, 32) }.unwrap_err().to_string();
         assert!(e.contains("not inside any allocation"), "{e}");
-        let (base, size) = b.open_export(&ex.handle).unwrap();
+        let (base, size) = b.open_export(&ex.handle, PeerProcess::This).unwrap();
         assert_eq!(size, 64);
-        assert_eq!(b.open_export(&ex.handle).unwrap(), (base, size), "cached");
+        assert_eq!(b.open_export(&ex.handle, PeerProcess::This).unwrap(), (base, size), "cached");
         assert_eq!((b.stats().peer_maps, b.mapped_allocations()), (1, 1));
-        assert_eq!(a.open_export(&ex.handle).unwrap(), (pa, 64), "the owner gets its own address");
+        assert_eq!(a.open_export(&ex.handle, PeerProcess::This).unwrap(), (pa, 64), "the owner gets its own address");
         b.upload(pb, &[1u8; 32]).unwrap();
         // SAFETY: ranges of live allocations (b's own and a's mapping).
         unsafe { b.reduce(pb, pb, base + 16, 32, DType::U8, ReduceOp::Sum).unwrap() };
@@ -574,20 +628,20 @@ mod tests {
         let pa = a.alloc_device(8).unwrap();
         let h = a.export(pa, 8).unwrap().handle;
         for bad in [vec![], vec![0u8; 32], h[..31].to_vec()] {
-            assert!(b.open_export(&bad).is_err(), "{bad:?}");
+            assert!(b.open_export(&bad, PeerProcess::This).is_err(), "{bad:?}");
         }
-        let mut other_pid = h.clone();
-        other_pid[4] ^= 1;
-        assert!(b.open_export(&other_pid).unwrap_err().to_string().contains("not of this process"));
+        let mut other_process = h.clone();
+        other_process[4] ^= 1;
+        assert!(b.open_export(&other_process, PeerProcess::This).unwrap_err().to_string().contains("another process"));
         let mut longer = h.clone();
-        longer[24] = 9;
-        assert!(b.open_export(&longer).unwrap_err().to_string().contains("names"));
+        longer[HANDLE_LEN - 8] = 9;
+        assert!(b.open_export(&longer, PeerProcess::This).unwrap_err().to_string().contains("names"));
         let mut unknown = h.clone();
-        unknown[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(b.open_export(&unknown).unwrap_err().to_string().contains("not exported"));
+        unknown[HANDLE_LEN - 16..HANDLE_LEN - 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(b.open_export(&unknown, PeerProcess::This).unwrap_err().to_string().contains("not exported"));
         // SAFETY: export refuses what is not a's own allocation.
         assert!(a.export(pa + 4, 8).is_err());
-        let (mapped, _) = b.open_export(&h).unwrap();
+        let (mapped, _) = b.open_export(&h, PeerProcess::This).unwrap();
         assert!(b.export(mapped, 8).is_err(), "a mapping is not re-exported");
     }
 
@@ -596,7 +650,7 @@ mod tests {
         let (a, b) = (SimDevice::new("a"), SimDevice::new("b"));
         let pa = a.alloc_device(16).unwrap();
         let h = a.export(pa, 16).unwrap().handle;
-        let (mapped, _) = b.open_export(&h).unwrap();
+        let (mapped, _) = b.open_export(&h, PeerProcess::This).unwrap();
         let pb = b.alloc_device(16).unwrap();
         // SAFETY: live ranges when enqueued; the free below comes before it runs.
         unsafe { b.copy_on_device(pb, mapped, 16).unwrap() };
@@ -609,9 +663,53 @@ mod tests {
         // SAFETY: refused when enqueued.
         let e = unsafe { b.copy_on_device(pb, mapped, 16) }.unwrap_err().to_string();
         assert!(e.contains("freed"), "{e}");
-        assert!(b.open_export(&h).unwrap_err().to_string().contains("not exported"));
+        assert!(b.open_export(&h, PeerProcess::This).unwrap_err().to_string().contains("not exported"));
         assert_eq!(b.mapped_allocations(), 0);
         assert_eq!(a.live_allocations(), 0);
+    }
+
+    /// Mappings are held per open and removed at the last close; work still
+    /// queued on a closed mapping fails (the caller closed too early), and a
+    /// device's own memory is reachable by address only for a peer of its process.
+    #[test]
+    fn mappings_close_with_their_last_hold_and_own_memory_needs_this_process() {
+        let (a, b) = (SimDevice::new("a"), SimDevice::new("b"));
+        let pa = a.alloc_device(16).unwrap();
+        let h = a.export(pa, 16).unwrap().handle;
+        let (m1, _) = b.open_export(&h, PeerProcess::This).unwrap();
+        assert_eq!(b.open_export(&h, PeerProcess::This).unwrap().0, m1, "one mapping, two holds");
+        b.close_export(&h);
+        assert_eq!(b.mapped_allocations(), 1, "still held");
+        let pb = b.alloc_device(16).unwrap();
+        // SAFETY: live ranges when enqueued; the close below comes before it runs.
+        unsafe { b.copy_on_device(pb, m1, 16).unwrap() };
+        let t = b.record().unwrap();
+        b.close_export(&h);
+        assert_eq!(b.mapped_allocations(), 0);
+        assert!(b.is_complete(t).unwrap_err().to_string().contains("not inside any allocation"));
+        // A device of another (simulated) process imports; a handle claiming the
+        // importer's own process from it is refused.
+        let far = SimDevice::in_process("far", [0x5a; TOKEN_LEN]);
+        let (m2, size) = far.open_export(&h, PeerProcess::Other).unwrap();
+        assert_eq!((size, far.stats().peer_maps), (16, 1));
+        far.close_export(&h);
+        let e = b.open_export(&h, PeerProcess::Other).unwrap_err().to_string();
+        assert!(e.contains("claiming this process"), "{e}");
+        let own = b.export(pb, 16).unwrap().handle;
+        assert_eq!(b.open_export(&own, PeerProcess::This).unwrap(), (pb, 16), "own memory, same process");
+        let mut foreign = own.clone();
+        foreign[4..4 + TOKEN_LEN].copy_from_slice(&[0x5a; TOKEN_LEN]);
+        let e = b.open_export(&foreign, PeerProcess::Other).unwrap_err().to_string();
+        assert!(e.contains("this device's own"), "{e}");
+        let _ = m2;
+    }
+
+    #[test]
+    fn unexportable_memory_is_refused_as_unsupported() {
+        let d = SimDevice::new("u");
+        let p = d.alloc_unexportable(8).unwrap();
+        assert!(matches!(d.export(p, 8), Err(Error::Unsupported(_))));
+        d.upload(p, &[1; 8]).unwrap();
     }
 
     #[test]

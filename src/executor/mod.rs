@@ -30,10 +30,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{BufId, Region, Schedule, Step};
-use crate::device::{Device, DeviceBuffer, DevicePtr};
+use crate::device::{Device, DeviceBuffer, DevicePtr, PeerProcess};
 use crate::error::{Error, OpContext, Result};
 use crate::reduce;
 
+mod call_maps;
 pub mod channel;
 pub mod peer_copy;
 pub mod staged;
@@ -116,8 +117,10 @@ pub struct Buffers {
     /// device's memory and the other way round, reached by single-copy device
     /// transfers ([`peer_copy::PeerCopyChannel`]); every other peer is staged
     /// through host memory. Both ends of a pair must agree (the communicator
-    /// decides from its bound devices). None: stage everything.
-    pub peer_copy: Option<Arc<[bool]>>,
+    /// decides from its bound devices). Each marked peer says where it runs, as
+    /// the communicator established it (only a peer of this process may name
+    /// addresses of it). None: stage everything.
+    pub peer_copy: Option<Arc<[Option<PeerProcess>]>>,
 }
 
 impl Buffers {
@@ -225,15 +228,16 @@ pub unsafe fn execute(
     // buffers with the others. Dropped before `end` (declared after it), so the
     // device is synchronized and the staging buffers and control slots are
     // withdrawn before the inner channels end the call.
-    let single_copy = |p: usize| bufs.peer_copy.as_ref().is_some_and(|m| m.get(p).copied().unwrap_or(false));
+    let single_copy = |p: usize| bufs.peer_copy.as_ref().and_then(|m| m.get(p).copied().flatten());
     let mut staged: Vec<Option<Box<dyn PeerChannel + '_>>> = end
         .channels
         .iter_mut()
         .enumerate()
         .map(|(p, ch)| {
             ch.as_mut().map(|c| {
-                if single_copy(p) {
-                    Box::new(peer_copy::PeerCopyChannel::new(c.as_mut(), device.clone())) as Box<dyn PeerChannel>
+                if let Some(process) = single_copy(p) {
+                    Box::new(peer_copy::PeerCopyChannel::new(c.as_mut(), device.clone(), process))
+                        as Box<dyn PeerChannel>
                 } else {
                     Box::new(staged::StagedChannel::new(c.as_mut(), device.clone())) as Box<dyn PeerChannel>
                 }

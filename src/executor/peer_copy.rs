@@ -28,14 +28,24 @@
 //! checked. Both ends expect the same number of messages of the same size, so a
 //! disagreement (the peer staging while this rank copies, other lengths) is a
 //! size or protocol error naming the peer, never a hang or a stray write.
+//!
+//! The receiver opens each allocation a peer names once per call (at most
+//! [`MAX_PEER_ALLOCATIONS_PER_CALL`]; more is a protocol error naming the peer),
+//! as the peer runs by the communicator's word ([`PeerProcess`]; the untrusted
+//! default is another process), and gives the mappings back when the call ends,
+//! after its device work is done. A send region the device cannot export
+//! (`cudaMallocAsync` or `cuMemCreate` memory) goes through an exportable device
+//! buffer of this channel: each piece is copied there once it is final, and that
+//! copy is described instead; the protocol is the same.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::call_maps::{CallMaps, Refusal, MAX_PEER_ALLOCATIONS_PER_CALL};
 use super::channel::{pieces, MemKind, MemRegion, PeerChannel, Readiness, Reduction, PIECE_BYTES};
 use super::CallInfo;
-use crate::device::{Device, DevicePtr, Export, Ticket, MAX_EXPORT_HANDLE};
+use crate::device::{Device, DeviceBuffer, DevicePtr, Export, PeerProcess, Ticket, MAX_EXPORT_HANDLE};
 use crate::error::{Error, Result};
 use crate::frame::FrameKind;
 use crate::transport::TransportKind;
@@ -129,6 +139,24 @@ pub struct PeerCopyChannel<'a> {
     recvs_before: u64,
     /// For a point-to-point send: the call as the inner channel sees it (see [`mirror`]).
     mirrored: Option<CallInfo>,
+    /// Where the peer runs, as the communicator established it.
+    peer: PeerProcess,
+    /// The peer's allocations this call opened.
+    maps: CallMaps,
+    /// Exportable stand-ins for send regions that cannot be exported, with their
+    /// exports; reused by later sends of the call once free.
+    bounces: Vec<(DeviceBuffer, Export)>,
+}
+
+/// A send staged through `bounces[slot]` (its region cannot be exported).
+struct Bounced {
+    slot: usize,
+    /// The region's device address.
+    src: DevicePtr,
+    /// Pieces copied into the bounce buffer so far.
+    staged: usize,
+    /// The copy of the latest piece, until it completed.
+    pending: Option<Ticket>,
 }
 
 /// A point-to-point send receives acknowledgements, which its peer sends under
@@ -167,6 +195,8 @@ struct SendJob {
     /// None once it is.
     ready: Option<Ticket>,
     export: Export,
+    /// Set when the region is copied to an exportable buffer piece by piece.
+    bounce: Option<Bounced>,
     described: usize,
     acked: usize,
 }
@@ -210,8 +240,9 @@ impl RecvJob {
 
 impl<'a> PeerCopyChannel<'a> {
     /// Wrap `inner` for one call on buffers of `device`, whose peer's device shares
-    /// its peer domain.
-    pub fn new(inner: &'a mut dyn PeerChannel, device: Arc<dyn Device>) -> PeerCopyChannel<'a> {
+    /// its peer domain, for a peer that runs where `peer` says (the communicator
+    /// established it; [`PeerProcess::Other`] when unproven).
+    pub fn new(inner: &'a mut dyn PeerChannel, device: Arc<dyn Device>, peer: PeerProcess) -> PeerCopyChannel<'a> {
         PeerCopyChannel {
             inner,
             device,
@@ -224,7 +255,60 @@ impl<'a> PeerCopyChannel<'a> {
             sends_before: 0,
             recvs_before: 0,
             mirrored: None,
+            peer,
+            maps: CallMaps::default(),
+            bounces: Vec::new(),
         }
+    }
+
+    /// A free bounce buffer of at least `len` bytes (allocated and exported if
+    /// none is), for a send whose region cannot be exported (`why`).
+    fn bounce_for(&mut self, len: usize, why: &Error, call: &CallInfo) -> Result<usize> {
+        let busy = |slot: usize, sends: &[SendJob]| {
+            sends.iter().any(|j| !j.done() && j.bounce.as_ref().is_some_and(|b| b.slot == slot))
+        };
+        if let Some(slot) = (0..self.bounces.len()).find(|&s| self.bounces[s].0.len() >= len && !busy(s, &self.sends)) {
+            return Ok(slot);
+        }
+        tracing::debug!(ctx = %call.ctx, len, %why, "single-copy send through an exportable device buffer");
+        let buf = DeviceBuffer::new(&self.device, len)?;
+        let export = self.device.export(buf.ptr(), len).map_err(|e| {
+            Error::Device(format!(
+                "{}: {} cannot export its own staging memory either: {e}",
+                call.ctx,
+                self.device.describe()
+            ))
+        })?;
+        self.bounces.push((buf, export));
+        Ok(self.bounces.len() - 1)
+    }
+
+    /// For a bounced send: copy piece `k` (final now) into its bounce buffer once,
+    /// and say whether that copy has completed.
+    fn bounce_piece(&mut self, i: usize, k: usize, peer: usize, call: &CallInfo) -> Result<bool> {
+        let (len, Some(b)) = (self.sends[i].len, self.sends[i].bounce.as_ref()) else { return Ok(true) };
+        let (slot, src, staged, pending) = (b.slot, b.src, b.staged, b.pending);
+        let t = if staged == k {
+            let (off, plen) = piece(len, k);
+            let dst = self.bounces[slot].0.ptr() + off as u64;
+            // SAFETY: `src + off` is piece k of the send's bounds-checked region,
+            // final now (its gate is open); `dst` is the same piece of this
+            // channel's bounce buffer of at least `len` bytes, which no other
+            // unfinished send uses and which lives until the call ends.
+            unsafe { self.device.copy_on_device(dst, src + off as u64, plen) }
+                .and_then(|()| self.device.record())
+                .map_err(|e| self.device_error(peer, call, "staging a send to", e))?
+        } else {
+            match pending {
+                Some(t) => t,
+                None => return Ok(true),
+            }
+        };
+        let done = self.device.is_complete(t).map_err(|e| self.device_error(peer, call, "staging a send to", e))?;
+        let b = self.sends[i].bounce.as_mut().expect("a bounced send");
+        b.staged = k + 1;
+        b.pending = (!done).then_some(t);
+        Ok(done)
     }
 
     fn device_region(&self, r: &MemRegion, what: &str, call: &CallInfo) -> Result<DevicePtr> {
@@ -303,6 +387,11 @@ impl<'a> PeerCopyChannel<'a> {
                 if job.gate.is_some_and(|g| gates[g + job.described] < plen) {
                     break;
                 }
+                let k = job.described;
+                if !self.bounce_piece(i, k, peer, call)? {
+                    break;
+                }
+                let job = &self.sends[i];
                 let c = Control {
                     kind: ControlKind::Describe,
                     job: self.sends_before + i as u64,
@@ -352,6 +441,7 @@ impl<'a> PeerCopyChannel<'a> {
             return Err(Self::protocol(call, peer, format!("{what}: no such receive was posted")));
         };
         let job = &self.recvs[idx as usize];
+        let (dst, reduce) = (job.dst, job.reduce);
         let pieces_n = piece_count(job.len);
         if c.piece != job.landed as u64 || job.landed >= pieces_n {
             return Err(Self::protocol(call, peer, format!("{what}: expected piece {} of {pieces_n}", job.landed)));
@@ -366,9 +456,27 @@ impl<'a> PeerCopyChannel<'a> {
             }
             None
         } else {
-            let (base, size) = self.device.open_export(&c.handle).map_err(|e| {
-                Self::protocol(call, peer, format!("{what}: names memory this device cannot open: {e}"))
-            })?;
+            let (dev, process) = (self.device.clone(), self.peer);
+            let (base, size) = match self.maps.get_or_open(&c.handle, |h| dev.open_export(h, process)) {
+                Ok(m) => m,
+                Err(Refusal::TooMany) => {
+                    return Err(Self::protocol(
+                        call,
+                        peer,
+                        format!(
+                            "{what}: names a new allocation past the {MAX_PEER_ALLOCATIONS_PER_CALL} one call may \
+                             name (refused: each would stay mapped until the call ends)"
+                        ),
+                    ))
+                }
+                Err(Refusal::Open(e)) => {
+                    return Err(Self::protocol(
+                        call,
+                        peer,
+                        format!("{what}: names memory this device cannot open: {e}"),
+                    ))
+                }
+            };
             let fits = c.offset.checked_add(c.len).is_some_and(|end| end <= size as u64);
             let at = base.checked_add(c.offset).filter(|_| fits);
             let Some(at) = at else {
@@ -387,11 +495,11 @@ impl<'a> PeerCopyChannel<'a> {
                 // the allocation until this piece is acknowledged, which is after
                 // the work completes. The device checks its addresses again.
                 unsafe {
-                    match job.reduce {
+                    match reduce {
                         Some((src, dtype, op)) => {
-                            dev.reduce(job.dst + off as u64, src + off as u64, at, plen, dtype, op)?
+                            dev.reduce(dst + off as u64, src + off as u64, at, plen, dtype, op)?
                         }
-                        None => dev.copy_on_device(job.dst + off as u64, at, plen)?,
+                        None => dev.copy_on_device(dst + off as u64, at, plen)?,
                     }
                 }
                 dev.record()
@@ -445,8 +553,24 @@ impl PeerChannel for PeerCopyChannel<'_> {
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()> {
         let dptr = self.device_region(&src, "a send", call)?;
         self.retire();
-        let export =
-            if src.len == 0 { Export { handle: Vec::new(), offset: 0 } } else { self.device.export(dptr, src.len)? };
+        let exported =
+            if src.len == 0 { Ok(Export { handle: Vec::new(), offset: 0 }) } else { self.device.export(dptr, src.len) };
+        let (export, mut bounce) = match exported {
+            Ok(export) => (export, None),
+            // Memory IPC cannot share: stage it through an exportable buffer.
+            Err(why @ Error::Unsupported(_)) => {
+                let slot = self.bounce_for(src.len, &why, call)?;
+                (self.bounces[slot].1.clone(), Some(Bounced { slot, src: dptr, staged: 0, pending: None }))
+            }
+            Err(e) => return Err(e),
+        };
+        if let (Some(b), None) = (bounce.as_mut(), first_gate) {
+            // Final already: copied whole now, ahead of the ticket below.
+            // SAFETY: the region is this call's, bounds-checked; the bounce buffer
+            // holds at least `src.len` bytes and no unfinished send uses it.
+            unsafe { self.device.copy_on_device(self.bounces[b.slot].0.ptr(), dptr, src.len)? };
+            b.staged = piece_count(src.len);
+        }
         if export.handle.len() > MAX_EXPORT_HANDLE {
             return Err(Error::Device(format!(
                 "{}: {} exported a handle of {} bytes (at most {MAX_EXPORT_HANDLE})",
@@ -459,7 +583,7 @@ impl PeerChannel for PeerCopyChannel<'_> {
         for _ in pieces(src.len) {
             self.expect_control(call)?;
         }
-        self.sends.push(SendJob { len: src.len, gate: first_gate, ready, export, described: 0, acked: 0 });
+        self.sends.push(SendJob { len: src.len, gate: first_gate, ready, export, bounce, described: 0, acked: 0 });
         Ok(())
     }
 
@@ -524,7 +648,7 @@ impl PeerChannel for PeerCopyChannel<'_> {
                 let waiting_gate = j.described < piece_count(j.len)
                     && j.gate
                         .is_some_and(|g| gates.get(g + j.described).is_some_and(|&v| v < piece(j.len, j.described).1));
-                j.ready.is_some() || waiting_gate
+                j.ready.is_some() || waiting_gate || j.bounce.as_ref().is_some_and(|b| b.pending.is_some())
             });
         if device_work {
             Readiness::NoFd
@@ -542,7 +666,11 @@ impl PeerChannel for PeerCopyChannel<'_> {
         // call's buffers), then the inner channel forgets the control slots, and
         // only then are they freed.
         super::staged::quiesce(self.device.as_ref(), self.inner);
+        // The device is done with the peer's memory: this call's holds go back
+        // (a mapping no other call holds closes now, not when the device goes).
+        self.maps.release_all(self.device.as_ref());
         self.sends.clear();
+        self.bounces.clear();
         self.recvs.clear();
         self.slots.clear();
         self.private.clear();

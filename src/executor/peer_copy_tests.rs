@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Control, ControlKind, PeerCopyChannel, CONTROL_BYTES};
+use crate::device::PeerProcess::This;
 use crate::device::{Device, DevicePtr, SimDevice};
 use crate::error::{Error, OpContext, Result};
+use crate::executor::call_maps::MAX_PEER_ALLOCATIONS_PER_CALL;
 use crate::executor::channel::{MemKind, MemRegion, PeerChannel, Reduction, PIECE_BYTES};
 use crate::executor::{CallInfo, StreamChannel, WaitPolicy};
 use crate::transport::loopback::LoopbackLink;
@@ -68,8 +70,8 @@ fn a_receive_reduce_reads_the_peer_device_memory_directly() {
     s0.upload(src, &ints((0..n).map(|i| i as i32))).unwrap();
     s1.upload(own, &ints((0..n).map(|_| 5))).unwrap();
     let (mut c0, mut c1) = pair();
-    let mut a = PeerCopyChannel::new(&mut c0, d0.clone());
-    let mut b = PeerCopyChannel::new(&mut c1, d1.clone());
+    let mut a = PeerCopyChannel::new(&mut c0, d0.clone(), This);
+    let mut b = PeerCopyChannel::new(&mut c1, d1.clone(), This);
     let mut gates = Vec::new();
     a.post_send(region(src, n * 4), None, &call(0, n)).unwrap();
     let reduction = Reduction { src: region(own, n * 4), op: ReduceOp::Sum, dtype: DType::I32 };
@@ -90,6 +92,7 @@ fn a_receive_reduce_reads_the_peer_device_memory_directly() {
     let (st0, st1) = (s0.stats(), s1.stats());
     assert_eq!((st0.to_host, st0.to_device, st1.to_host, st1.to_device), (0, 0, 0, 0), "{st0:?} {st1:?}");
     assert_eq!((st1.reductions, st1.peer_maps), (3, 1), "one reduction per piece, one mapping");
+    assert_eq!(s1.mapped_allocations(), 0, "closed when the call ended, though rank 0's buffer is still allocated");
 }
 
 /// Zero-length regions: one empty piece each way, described and acknowledged,
@@ -111,8 +114,8 @@ fn empty_regions_complete_without_device_work() {
     let (d0, d1): (Arc<dyn Device>, Arc<dyn Device>) = (s0.clone(), s1.clone());
     let (p0, p1) = (d0.alloc_device(0).unwrap(), d1.alloc_device(0).unwrap());
     let (mut c0, mut c1) = pair();
-    let mut a = PeerCopyChannel::new(&mut c0, d0);
-    let mut b = PeerCopyChannel::new(&mut c1, d1);
+    let mut a = PeerCopyChannel::new(&mut c0, d0, This);
+    let mut b = PeerCopyChannel::new(&mut c1, d1, This);
     let mut gates = Vec::new();
     a.post_send(region(p0, 0), None, &call(0, 0)).unwrap();
     b.post_recv(region(p1, 0), None, Some(&mut gates), &call(1, 0)).unwrap();
@@ -171,7 +174,7 @@ fn corrupt_with(_owner: &SimDevice, msg: Vec<u8>) -> Error {
     let d1: Arc<dyn Device> = s1.clone();
     let dst = d1.alloc_device(16).unwrap();
     let (mut c0, mut c1) = pair();
-    let mut b = PeerCopyChannel::new(&mut c1, d1.clone());
+    let mut b = PeerCopyChannel::new(&mut c1, d1.clone(), This);
     b.post_recv(region(dst, 16), None, None, &call(1, 4)).unwrap();
     let mut wire = msg;
     c0.post_send(MemRegion { ptr: wire.as_mut_ptr(), len: wire.len(), kind: MemKind::Host }, None, &call(0, 4))
@@ -200,11 +203,11 @@ fn a_staging_end_and_a_single_copy_end_fail_cleanly() {
         let (mut a, mut b): (Box<dyn PeerChannel>, Box<dyn PeerChannel>) = if staged_sends {
             (
                 Box::new(crate::executor::staged::StagedChannel::new(&mut c0, d0.clone())),
-                Box::new(PeerCopyChannel::new(&mut c1, d1.clone())),
+                Box::new(PeerCopyChannel::new(&mut c1, d1.clone(), This)),
             )
         } else {
             (
-                Box::new(PeerCopyChannel::new(&mut c0, d0.clone())),
+                Box::new(PeerCopyChannel::new(&mut c0, d0.clone(), This)),
                 Box::new(crate::executor::staged::StagedChannel::new(&mut c1, d1.clone())),
             )
         };
@@ -222,5 +225,136 @@ fn a_staging_end_and_a_single_copy_end_fail_cleanly() {
         let mut out = vec![0xffu8; n * 4];
         s1.download(dst, &mut out).unwrap();
         assert!(out.iter().all(|&x| x == 0), "nothing was written");
+    }
+}
+
+/// Rank 1 receives `pieces` pieces from a forged rank 0 (a raw host channel),
+/// whose descriptor for piece k is `describe(k)`. Returns rank 1's device, where
+/// the receive landed, and the error (if any) after the channel was dropped.
+fn forged_receive(
+    victim: &Arc<SimDevice>,
+    pieces: usize,
+    channel: impl FnOnce(&mut crate::executor::StreamChannel, Arc<dyn Device>) -> PeerCopyChannel<'_>,
+    describe: impl Fn(usize) -> Vec<u8>,
+) -> (DevicePtr, Result<()>) {
+    let d1: Arc<dyn Device> = victim.clone();
+    let len = pieces * PIECE_BYTES;
+    let dst = d1.alloc_device(len).unwrap();
+    let (mut c0, mut c1) = pair();
+    let mut b = channel(&mut c1, d1);
+    b.post_recv(region(dst, len), None, None, &call(1, len / 4)).unwrap();
+    let mut wire: Vec<Vec<u8>> = (0..pieces).map(describe).collect();
+    for m in &mut wire {
+        let r = MemRegion { ptr: m.as_mut_ptr(), len: m.len(), kind: MemKind::Host };
+        c0.post_send(r, None, &call(0, len / 4)).unwrap();
+    }
+    let r = drive(&mut c0, &mut b, &mut [], len / 4);
+    drop(b);
+    (dst, r)
+}
+
+/// Defect: a peer could name a new allocation in every piece, and each one was
+/// mapped (and, on CUDA, the oldest closed past 64 while copies from it were
+/// still queued). Now past the per-call bound the descriptor is refused naming
+/// rank, peer and call; every mapping the call opened stays open until its
+/// queued copies ran, and all are closed when the call ends.
+#[test]
+fn a_peer_naming_a_new_allocation_every_piece_is_refused_past_the_per_call_bound() {
+    let owner = SimDevice::new("many");
+    let n = MAX_PEER_ALLOCATIONS_PER_CALL + 3;
+    let handles: Vec<Vec<u8>> = (0..n)
+        .map(|k| {
+            let p = owner.alloc_device(PIECE_BYTES).unwrap();
+            owner.upload(p, &vec![k as u8 + 1; PIECE_BYTES]).unwrap();
+            owner.export(p, PIECE_BYTES).unwrap().handle
+        })
+        .collect();
+    let victim = Arc::new(SimDevice::new("bounded"));
+    let (dst, r) = forged_receive(
+        &victim,
+        n,
+        |c, d| PeerCopyChannel::new(c, d, This),
+        |k| descriptor(0, k as u64, 0, PIECE_BYTES as u64, handles[k].clone()),
+    );
+    let e = r.expect_err("a new allocation in every piece must be refused");
+    let text = e.to_string();
+    let detail = protocol_detail(e);
+    assert!(detail.contains(&format!("past the {MAX_PEER_ALLOCATIONS_PER_CALL}")), "{detail}");
+    let op = format!("rank 1 in {} #0", call(1, n * PIECE_BYTES / 4).sig);
+    assert!(text.starts_with(&op) && text.contains("from rank 0"), "{text}");
+    assert_eq!(victim.stats().peer_maps, MAX_PEER_ALLOCATIONS_PER_CALL as u64);
+    // The copies queued before the refusal read mappings that were still open.
+    let mut out = vec![0u8; n * PIECE_BYTES];
+    victim.download(dst, &mut out).unwrap();
+    for k in 0..MAX_PEER_ALLOCATIONS_PER_CALL {
+        assert!(out[k * PIECE_BYTES..(k + 1) * PIECE_BYTES].iter().all(|&x| x == k as u8 + 1), "piece {k}");
+    }
+    assert!(out[MAX_PEER_ALLOCATIONS_PER_CALL * PIECE_BYTES..].iter().all(|&x| x == 0), "nothing past the bound");
+    assert_eq!(victim.mapped_allocations(), 0, "closed when the call ended");
+}
+
+/// Defect: a handle's own claim to come from this process made the receiver use
+/// its address as one of its own, so a forged peer could make this rank copy
+/// its own memory. A peer not established as being of this process (the
+/// default) is refused, naming the peer, and nothing is read.
+#[test]
+fn a_forged_same_process_handle_never_reads_this_ranks_own_memory() {
+    let victim = Arc::new(SimDevice::new("own"));
+    let secret = victim.alloc_device(PIECE_BYTES).unwrap();
+    victim.upload(secret, &vec![0x5e; PIECE_BYTES]).unwrap();
+    // The victim exported it to someone: the forger repeats that handle.
+    let handle = victim.export(secret, PIECE_BYTES).unwrap().handle;
+    let (dst, r) = forged_receive(
+        &victim,
+        1,
+        |c, d| PeerCopyChannel::new(c, d, crate::device::PeerProcess::Other),
+        |_| descriptor(0, 0, 0, PIECE_BYTES as u64, handle.clone()),
+    );
+    let detail = protocol_detail(r.expect_err("a forged claim of this process must be refused"));
+    assert!(detail.contains("cannot open") && detail.contains("claiming this process"), "{detail}");
+    let mut out = vec![0xaau8; PIECE_BYTES];
+    victim.download(dst, &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 0), "this rank's own memory was not copied");
+    assert_eq!(victim.stats().on_device, 0);
+}
+
+/// A send region the device cannot export goes through an exportable buffer:
+/// whole when final at posting, piece by piece behind a forward's gates; the
+/// receiver gets exact data and no host staging happens.
+#[test]
+fn an_unexportable_send_region_is_staged_through_an_exportable_buffer() {
+    let n = 2 * (PIECE_BYTES / 4) + 7;
+    for gated in [false, true] {
+        let (s0, s1) = (Arc::new(SimDevice::new("x0")), Arc::new(SimDevice::new("x1")));
+        let (d0, d1): (Arc<dyn Device>, Arc<dyn Device>) = (s0.clone(), s1.clone());
+        let src = s0.alloc_unexportable(n * 4).unwrap();
+        let dst = d1.alloc_device(n * 4).unwrap();
+        s0.upload(src, &ints((0..n).map(|i| i as i32 * 3))).unwrap();
+        let (mut c0, mut c1) = pair();
+        let mut a = PeerCopyChannel::new(&mut c0, d0.clone(), This);
+        let mut b = PeerCopyChannel::new(&mut c1, d1.clone(), This);
+        // A forward's gates, opened one piece at a time below.
+        let mut gates = if gated { vec![0; 3] } else { Vec::new() };
+        a.post_send(region(src, n * 4), gated.then_some(0), &call(0, n)).unwrap();
+        b.post_recv(region(dst, n * 4), None, None, &call(1, n)).unwrap();
+        if gated {
+            let (ia, ib) = (call(0, n), call(1, n));
+            for _ in 0..20 {
+                a.progress(1, &mut gates, &ia).unwrap();
+                b.progress(0, &mut gates, &ib).unwrap();
+            }
+            assert_eq!(s1.stats().on_device, 0, "nothing is described before its gate opens");
+            gates = vec![PIECE_BYTES, PIECE_BYTES, 28];
+        }
+        drive(&mut a, &mut b, &mut gates, n).unwrap();
+        drop((a, b));
+        let mut out = vec![0u8; n * 4];
+        s1.download(dst, &mut out).unwrap();
+        assert_eq!(out, ints((0..n).map(|i| i as i32 * 3)), "gated: {gated}");
+        let (st0, st1) = (s0.stats(), s1.stats());
+        assert_eq!((st0.to_host, st0.to_device, st1.to_host, st1.to_device), (0, 0, 0, 0));
+        assert_eq!(st0.on_device, if gated { 3 } else { 1 }, "the sender's copies into its exportable buffer");
+        assert_eq!((st1.on_device, st1.peer_maps, s1.mapped_allocations()), (3, 1, 0));
+        assert_eq!(s0.live_allocations(), 1, "the exportable buffer went with the call");
     }
 }

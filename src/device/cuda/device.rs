@@ -17,7 +17,7 @@ use super::ipc::{self, OpenPeers};
 use super::kernels::{self, COMBINERS};
 use super::nvrtc;
 use super::pinned::{self, PinnedPool};
-use crate::device::{Device, DevicePtr, Export, Ticket, MAX_EXPORT_HANDLE};
+use crate::device::{Device, DevicePtr, Export, PeerProcess, Ticket, MAX_EXPORT_HANDLE};
 use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
 
@@ -49,7 +49,7 @@ pub struct CudaDevice {
     device_pool: Mutex<PinnedPool>,
     /// Which devices may copy from this one's memory (see [`ipc::domain`]).
     domain: Option<String>,
-    /// Peers' allocations mapped here.
+    /// Peers' allocations mapped here, held by the calls reading them.
     peers: Mutex<OpenPeers>,
 }
 
@@ -239,7 +239,11 @@ impl CudaDevice {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         if self.bind("closing peers' memory").is_ok() && self.synchronize().is_ok() {
-            lock(&self.peers).close_all();
+            for p in lock(&self.peers).drain() {
+                // SAFETY: opened by OpenPeers, drained (so closed) once, and the
+                // stream is idle (synchronized above).
+                unsafe { ipc::close(&self.name, p) };
+            }
         }
         let device_pooled = lock(&self.device_pool).drain();
         if !device_pooled.is_empty() && self.bind("freeing pooled device memory").is_ok() {
@@ -283,12 +287,25 @@ impl Device for CudaDevice {
         ipc::export(&self.name, ptr, len)
     }
 
-    fn open_export(&self, handle: &[u8]) -> Result<(DevicePtr, usize)> {
+    fn open_export(&self, handle: &[u8], peer: PeerProcess) -> Result<(DevicePtr, usize)> {
         if handle.len() > MAX_EXPORT_HANDLE {
             return Err(Error::InvalidArgument(format!("{}: an export handle of {} bytes", self.name, handle.len())));
         }
         self.bind("opening a peer's memory")?;
-        lock(&self.peers).open(&self.name, handle)
+        lock(&self.peers).open(&self.name, handle, peer)
+    }
+
+    fn close_export(&self, handle: &[u8]) {
+        let Some(p) = lock(&self.peers).release(handle) else { return };
+        // The executor gives a call's mappings back after synchronizing at its end,
+        // so this wait finds an idle stream; it stays so that no copy still queued
+        // (of this rank or another on this stream) reads a closed mapping.
+        match self.bind("closing a peer's memory").and_then(|()| self.synchronize()) {
+            // SAFETY: the last hold was just given back (closed once), the stream is
+            // idle, and the context is current (bound above).
+            Ok(()) => unsafe { ipc::close(&self.name, p) },
+            Err(e) => tracing::warn!(device = %self.name, error = %e, "leaving a peer's mapping open"),
+        }
     }
 
     fn alloc_device(&self, len: usize) -> Result<DevicePtr> {

@@ -6,31 +6,37 @@
 //! of one such set — or on one GPU, as with MPS — copy from each other's memory
 //! (NVLink or PCIe peer copies); others stage through host memory. Both ends must
 //! compute the same string, so an asymmetric topology only turns the path off. A
-//! handle carries the exporting process's id, the allocation's base and size, and
-//! its `CUipcMemHandle`.
+//! handle carries the exporting process's random token
+//! ([`process_token`](crate::device::peer_maps::process_token)), the allocation's
+//! base and size, and its `CUipcMemHandle`. Whether the base is an address here is
+//! decided by where the communicator established the peer runs, never by the
+//! handle: a peer of another process is always imported through the driver (which
+//! validates the handle), and a handle of it claiming this process is refused. Peer
+//! mappings are held per call and closed when the last call holding them ends
+//! ([`crate::device::peer_maps`]), never evicted while a copy may read them.
 //!
 //! Not run on a GPU yet (none was available to the work that wrote it): written to
 //! the driver API's documented behaviour, and checked here only for the handle
 //! decoding that a peer's bytes reach.
 
-use std::collections::{HashMap, VecDeque};
-
 use cudarc::driver::sys::{self, CUdevice, CUdeviceptr, CUipcMemHandle};
 
-use crate::device::{DevicePtr, Export};
+use crate::device::peer_maps::{check_claim, process_token, Mappings, TOKEN_LEN};
+use crate::device::{DevicePtr, Export, PeerProcess};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"BRDC";
-const VERSION: u8 = 1;
-/// magic, version, pid u32, base u64, size u64, the 64-byte IPC handle.
-pub const HANDLE_LEN: usize = 4 + 1 + 4 + 8 + 8 + 64;
-/// Peer allocations kept open at once; the oldest is closed beyond this.
-const MAX_OPEN: usize = 64;
+/// 2: the process is a random token, no longer a pid.
+const VERSION: u8 = 2;
+/// Where the fields after the token start.
+const T: usize = 5 + TOKEN_LEN;
+/// magic, version, process token, base u64, size u64, the 64-byte IPC handle.
+pub const HANDLE_LEN: usize = T + 8 + 8 + 64;
 
 /// A decoded handle. Every field came from a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handle {
-    pub pid: u32,
+    pub process: [u8; TOKEN_LEN],
     pub base: u64,
     pub size: u64,
     pub ipc: [u8; 64],
@@ -41,7 +47,7 @@ impl Handle {
         let mut v = Vec::with_capacity(HANDLE_LEN);
         v.extend_from_slice(MAGIC);
         v.push(VERSION);
-        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.process);
         v.extend_from_slice(&self.base.to_le_bytes());
         v.extend_from_slice(&self.size.to_le_bytes());
         v.extend_from_slice(&self.ipc);
@@ -59,10 +65,10 @@ impl Handle {
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let h = Handle {
-            pid: u32::from_le_bytes(b[5..9].try_into().expect("4 bytes")),
-            base: u64_at(9),
-            size: u64_at(17),
-            ipc: b[25..89].try_into().expect("64 bytes"),
+            process: b[5..T].try_into().expect("token bytes"),
+            base: u64_at(T),
+            size: u64_at(T + 8),
+            ipc: b[T + 16..HANDLE_LEN].try_into().expect("64 bytes"),
         };
         if h.size == 0 || h.base == 0 || h.base.checked_add(h.size).is_none() {
             return Err(format!("a CUDA export of {} bytes at {:#x}", h.size, h.base));
@@ -161,8 +167,10 @@ fn address_range(ptr: CUdeviceptr) -> std::result::Result<(CUdeviceptr, usize), 
 
 /// Export `[ptr, ptr + len)` (the device's context is current on this thread).
 pub fn export(tag: &str, ptr: DevicePtr, len: usize) -> Result<Export> {
-    let (base, size) =
-        address_range(ptr).map_err(|r| Error::Device(format!("{tag}: finding the allocation at {ptr:#x}: {r:?}")))?;
+    // Unsupported, not a failure: the executor then stages the range through
+    // memory it can export (virtual-memory allocations may have no range here).
+    let (base, size) = address_range(ptr)
+        .map_err(|r| Error::Unsupported(format!("{tag}: finding the allocation at {ptr:#x}: {r:?}")))?;
     let offset = (ptr - base) as usize;
     if offset.checked_add(len).is_none_or(|end| end > size) {
         return Err(Error::InvalidArgument(format!("{tag}: [{ptr:#x}, +{len}) is not inside one allocation")));
@@ -174,35 +182,38 @@ pub fn export(tag: &str, ptr: DevicePtr, len: usize) -> Result<Export> {
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err(Error::Unsupported(format!("{tag}: this memory cannot be shared with peers ({r:?})")));
     }
-    let h = Handle { pid: std::process::id(), base, size: size as u64, ipc: ipc.reserved.map(|c| c as u8) };
+    let h = Handle { process: process_token(), base, size: size as u64, ipc: ipc.reserved.map(|c| c as u8) };
     Ok(Export { handle: h.encode(), offset })
 }
 
-/// Peer allocations opened so far, by handle bytes.
+/// Peer allocations mapped here through IPC, held per call (see
+/// [`crate::device::peer_maps`]); memory of this process is used by address and
+/// not held.
 #[derive(Default)]
 pub struct OpenPeers {
-    open: HashMap<Vec<u8>, (DevicePtr, usize, bool)>,
-    order: VecDeque<Vec<u8>>,
+    maps: Mappings<CUdeviceptr>,
 }
 
 impl OpenPeers {
-    /// Map the allocation `bytes` names (the device's context is current).
-    pub fn open(&mut self, tag: &str, bytes: &[u8]) -> Result<(DevicePtr, usize)> {
-        if let Some(&(p, size, _)) = self.open.get(bytes) {
-            return Ok((p, size));
-        }
-        let h = Handle::decode(bytes).map_err(|why| Error::InvalidArgument(format!("{tag}: {why}")))?;
-        let (ptr, size, opened) = if h.pid == std::process::id() {
+    /// Map the allocation `bytes` names for a peer running as `peer` says (the
+    /// device's context is current); one hold, given back by [`OpenPeers::release`].
+    pub fn open(&mut self, tag: &str, bytes: &[u8], peer: PeerProcess) -> Result<(DevicePtr, usize)> {
+        let refuse = |why: String| Error::InvalidArgument(format!("{tag}: {why}"));
+        let h = Handle::decode(bytes).map_err(refuse)?;
+        check_claim(peer, &h.process, &process_token()).map_err(refuse)?;
+        if peer == PeerProcess::This {
             // One process: the address is valid here (unified addressing), if it is
-            // still exactly that allocation; IPC cannot open our own handles.
-            match address_range(h.base) {
+            // still exactly that allocation, checked on every open (nothing cached);
+            // IPC cannot open a process's own handles.
+            return match address_range(h.base) {
                 Ok((base, size)) if base == h.base && size as u64 == h.size => {
                     enable_peer_access(tag, base)?;
-                    (base, size, false)
+                    Ok((base, size))
                 }
-                _ => return Err(Error::InvalidArgument(format!("{tag}: an export of memory no longer allocated"))),
-            }
-        } else {
+                _ => Err(Error::InvalidArgument(format!("{tag}: an export of memory no longer allocated"))),
+            };
+        }
+        self.maps.acquire(tag, bytes, || {
             let mut p: CUdeviceptr = 0;
             let ipc = CUipcMemHandle { reserved: h.ipc.map(|b| b as std::ffi::c_char) };
             let flags = sys::CUipcMem_flags_enum::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
@@ -214,38 +225,38 @@ impl OpenPeers {
             }
             // The size is the driver's, not the peer's word.
             match address_range(p) {
-                Ok((base, size)) if base == p => (p, size, true),
+                Ok((base, size)) if base == p => Ok((p, size, p)),
                 _ => {
-                    // SAFETY: `p` was opened just above and is closed once.
+                    // SAFETY: `p` was opened just above, is used by nothing and closed once.
                     unsafe { sys::cuIpcCloseMemHandle(p) };
-                    return Err(Error::Device(format!("{tag}: a peer's memory mapped without a size")));
+                    Err(Error::Device(format!("{tag}: a peer's memory mapped without a size")))
                 }
             }
-        };
-        if self.order.len() >= MAX_OPEN {
-            if let Some(old) = self.order.pop_front() {
-                if let Some((p, _, true)) = self.open.remove(&old) {
-                    // SAFETY: opened by cuIpcOpenMemHandle and closed once; callers
-                    // synchronize before they stop using a mapping (the device's
-                    // free and end-of-call paths do).
-                    unsafe { sys::cuIpcCloseMemHandle(p) };
-                }
-            }
-        }
-        self.open.insert(bytes.to_vec(), (ptr, size, opened));
-        self.order.push_back(bytes.to_vec());
-        Ok((ptr, size))
+        })
     }
 
-    /// Close every mapping (the device's context is current and its work done).
-    pub fn close_all(&mut self) {
-        for (_, (p, _, opened)) in self.open.drain() {
-            if opened {
-                // SAFETY: opened by cuIpcOpenMemHandle, closed once here.
-                unsafe { sys::cuIpcCloseMemHandle(p) };
-            }
-        }
-        self.order.clear();
+    /// Give back one hold on `bytes`: the mapping to close when it was the last.
+    pub fn release(&mut self, bytes: &[u8]) -> Option<CUdeviceptr> {
+        self.maps.release(bytes)
+    }
+
+    /// Every mapping (the device is going away).
+    pub fn drain(&mut self) -> Vec<CUdeviceptr> {
+        self.maps.drain()
+    }
+}
+
+/// Close an IPC mapping.
+///
+/// # Safety
+/// `p` came from `cuIpcOpenMemHandle` (an [`OpenPeers`] mapping no longer held),
+/// is closed once, and no work that reads it is queued or running; the device's
+/// context is current.
+pub unsafe fn close(tag: &str, p: CUdeviceptr) {
+    // SAFETY: as the caller promises.
+    let r = unsafe { sys::cuIpcCloseMemHandle(p) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        tracing::warn!(device = tag, result = ?r, "cuIpcCloseMemHandle failed");
     }
 }
 
@@ -255,7 +266,7 @@ mod tests {
 
     #[test]
     fn handles_round_trip_and_forged_ones_are_refused() {
-        let h = Handle { pid: 7, base: 0x7000_0000, size: 4096, ipc: [3; 64] };
+        let h = Handle { process: [7; TOKEN_LEN], base: 0x7000_0000, size: 4096, ipc: [3; 64] };
         assert_eq!(Handle::decode(&h.encode()), Ok(h));
         let mut b = h.encode();
         b[0] = b'X';
@@ -265,5 +276,20 @@ mod tests {
         assert!(Handle::decode(&wraps.encode()).is_err());
         let empty = Handle { size: 0, ..h };
         assert!(Handle::decode(&empty.encode()).is_err());
+    }
+
+    /// A peer of another process whose handle claims this process (a forged or
+    /// colliding id) is refused before its base is used or the driver is called;
+    /// so is a handle of another process from a peer of this one.
+    #[test]
+    fn a_claim_of_this_process_from_another_is_refused_without_using_its_base() {
+        let mut peers = OpenPeers::default();
+        let forged = Handle { process: process_token(), base: 0x7000_0000, size: 4096, ipc: [0; 64] };
+        let e = peers.open("cuda:9", &forged.encode(), PeerProcess::Other).unwrap_err().to_string();
+        assert!(e.contains("cuda:9") && e.contains("claiming this process"), "{e}");
+        let foreign = Handle { process: [process_token()[0] ^ 1; TOKEN_LEN], ..forged };
+        let e = peers.open("cuda:9", &foreign.encode(), PeerProcess::This).unwrap_err().to_string();
+        assert!(e.contains("another process"), "{e}");
+        assert!(peers.drain().is_empty(), "nothing was mapped");
     }
 }
