@@ -92,6 +92,10 @@ pub struct Config {
     pub tuning: Tuning,
     /// Which launcher the identity came from (`braid`, `torchrun`, `mpi`, `slurm`, `tf_config`, `code`).
     pub launcher: &'static str,
+    /// A fault to inject into this communicator's stream links (tests only; see
+    /// [`crate::fault`]). None, the default, wraps no link.
+    #[doc(hidden)]
+    pub fault: Option<crate::fault::FaultPlan>,
 }
 
 impl Config {
@@ -118,6 +122,7 @@ impl Config {
             bind: crate::placement::BindPolicy::Auto,
             tuning: Tuning::default(),
             launcher: "code",
+            fault: None,
         }
     }
 

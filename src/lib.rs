@@ -127,6 +127,14 @@ mod transport;
 pub mod tuner;
 mod types;
 
+/// Fault injection for tests: a [`FaultPlan`](fault::FaultPlan) given to
+/// [`CommunicatorBuilder::fault_plan`] or [`Config::fault`] delays, stalls, cuts or
+/// corrupts one point of one rank's outgoing stream (`tests/fault_grid.rs`).
+#[doc(hidden)]
+pub mod fault {
+    pub use crate::transport::fault::{FaultAction, FaultPlan, FaultPoint};
+}
+
 pub use auth::JobKey;
 pub use comm::{Communicator, CommunicatorBuilder, Work};
 pub use config::Config;

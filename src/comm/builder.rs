@@ -137,6 +137,14 @@ impl CommunicatorBuilder {
         self
     }
 
+    /// Inject `plan`'s fault into this communicator's stream links (tests only; see
+    /// [`crate::fault`]).
+    #[doc(hidden)]
+    pub fn fault_plan(mut self, plan: crate::fault::FaultPlan) -> Self {
+        self.config.fault = Some(plan);
+        self
+    }
+
     /// Connect to every peer and return the communicator.
     pub fn build(self) -> Result<Communicator> {
         let cfg = self.config;

@@ -151,7 +151,11 @@ impl Communicator {
             .into_iter()
             .enumerate()
             .map(|(rank, row)| {
-                let links = row.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
+                let fault = cfg.fault.as_ref();
+                let links = row
+                    .into_iter()
+                    .map(|l| l.map(|l| crate::transport::fault::wrap(fault, rank, Box::new(l))))
+                    .collect();
                 let mut comm = Communicator::from_links(rank, world, links, group.id(), &cfg, wait);
                 comm.origin = Origin::InProcess(group.clone());
                 comm

@@ -136,6 +136,8 @@ impl Communicator {
                 let mut cfg = o.cfg.clone();
                 cfg.rank = new_rank;
                 cfg.world_size = sub_world;
+                // A fault plan names ranks and links of the parent, not of its children.
+                cfg.fault = None;
                 connect(cfg, o.store.clone(), format!("{}/{name}", o.prefix), o.label.clone())?
             }
             Origin::InProcess(group) => group.join(&name, new_rank, sub_world)?,

@@ -9,6 +9,7 @@
 //! executor spins, yields and then sleeps briefly).
 
 pub mod devices;
+pub mod fault;
 pub mod ifaces;
 pub mod loopback;
 // Without the `rdma` feature the verbs protocol, its channel and registration cache
@@ -25,7 +26,7 @@ use std::fmt;
 use std::io;
 
 use crate::bootstrap::Store;
-use crate::config::{Config, Tuning};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::executor::{PeerChannel, StreamChannel};
 use std::os::fd::RawFd;
@@ -113,8 +114,13 @@ pub struct ConnectRequest<'a> {
 /// the peers the topology gave it, and knows nothing of how a transport connects.
 pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<Box<dyn PeerChannel>>>> {
     kind.available().map_err(Error::Unsupported)?;
-    fn boxed<L: Link + 'static>(links: Vec<Option<L>>, tuning: Tuning) -> Vec<Option<Box<dyn PeerChannel>>> {
-        let channel = |l: L| Box::new(StreamChannel::with_tuning(Box::new(l), tuning)) as Box<dyn PeerChannel>;
+    fn boxed<L: Link + 'static>(links: Vec<Option<L>>, req: &ConnectRequest) -> Vec<Option<Box<dyn PeerChannel>>> {
+        let cfg = req.config;
+        let channel = |l: L| {
+            // Only a fault plan (a test's) wraps a link, and only the ones it acts on.
+            let l = fault::wrap(cfg.fault.as_ref(), req.rank, Box::new(l));
+            Box::new(StreamChannel::with_tuning(l, cfg.tuning)) as Box<dyn PeerChannel>
+        };
         links.into_iter().map(|l| l.map(channel)).collect()
     }
     let cfg = req.config;
@@ -129,7 +135,7 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
             opts.stream = cfg.tuning.nt_stores;
             opts.switch = req.stream_switch.clone();
             opts.key = cfg.job_key.clone();
-            Ok(boxed(shm::connect_shm(&opts, req.store)?, cfg.tuning))
+            Ok(boxed(shm::connect_shm(&opts, req.store)?, req))
         }
         TransportKind::Tcp => {
             let mut opts = tcp::MeshOptions::new(req.rank, req.world, "mesh");
@@ -138,7 +144,7 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
             opts.comm_id = req.comm_id as u64;
             opts.peers = Some(req.peers.clone());
             opts.key = cfg.job_key.clone();
-            Ok(boxed(tcp::connect_mesh(&opts, req.store)?, cfg.tuning))
+            Ok(boxed(tcp::connect_mesh(&opts, req.store)?, req))
         }
         TransportKind::InProcess => Err(Error::InvalidArgument(
             "in-process links join threads of one process: use Communicator::in_process".into(),
