@@ -53,8 +53,9 @@ pub struct FaultPoint {
     pub peer: Option<usize>,
     /// The data frame on that link, counted from 0 (data and rendezvous frames only).
     pub frame: u64,
-    /// Bytes into that frame (header included) written before the fault acts; past
-    /// the frame's end, the fault acts right after it.
+    /// Bytes into that frame (header included) written before the fault acts; at or
+    /// past the frame's end, the fault acts before its last byte (so it always acts
+    /// inside the frame, never on a control frame that follows it).
     pub offset: usize,
 }
 
@@ -195,7 +196,7 @@ impl FaultLink {
 
     /// The offset in the current frame where an armed fault acts.
     fn act_at(&self, total: usize) -> usize {
-        self.plan.point.offset.min(total)
+        self.plan.point.offset.min(total - 1)
     }
 
     /// The header of a new frame is complete: learn its length, count it, arm the fault.
