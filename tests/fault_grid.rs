@@ -297,18 +297,25 @@ fn run_ranks(case: &Case, comms: Vec<Communicator>) -> Result<Vec<Vec<Outcome>>,
     drop(tx);
     let give_up = Instant::now() + HANG_BOUND;
     let mut results: Vec<Option<Vec<Outcome>>> = (0..world).map(|_| None).collect();
+    let mut timed_out = false;
     while results.iter().any(Option::is_none) {
         let left = give_up.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok((rank, o)) => results[rank] = Some(o),
-            Err(_) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                timed_out = true;
+                break;
+            }
+            // Every rank thread is gone: those that did not answer panicked.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
     let missing: Vec<usize> = (0..world).filter(|&r| results[r].is_none()).collect();
     if missing.is_empty() {
         return Ok(results.into_iter().map(|o| o.expect("every rank answered")).collect());
     }
-    let (panicked, hung): (Vec<usize>, Vec<usize>) = missing.into_iter().partition(|&r| handles[r].is_finished());
+    let (panicked, hung): (Vec<usize>, Vec<usize>) =
+        missing.into_iter().partition(|&r| !timed_out || handles[r].is_finished());
     // Hung threads are left behind: the test fails anyway.
     Err(format!("ranks {panicked:?} panicked, ranks {hung:?} had not returned after {HANG_BOUND:?}"))
 }
@@ -400,7 +407,7 @@ fn judge(case: &Case, plan: &FaultPlan, results: &[Vec<Outcome>]) -> Result<(), 
             }
         }
         Fault::Stall => {
-            if !errors[rank].is_some_and(|e| !named(e).is_empty()) {
+            if errors[rank].is_none_or(|e| named(e).is_empty()) {
                 return Err(format!("the stalled rank {rank} did not fail naming a peer: {}", show(rank)));
             }
             if !errors.iter().flatten().any(|e| matches!(e, Error::Timeout { .. })) {
@@ -504,6 +511,28 @@ fn selected(net: Net) -> Vec<Vec<Case>> {
     }
 }
 
+/// Run a group's cases until one's fault acts, recording which call x fault acted
+/// and every failure.
+fn run_group(
+    group: &[Case],
+    fired: &Mutex<BTreeSet<(usize, usize)>>,
+    failures: &Mutex<Vec<String>>,
+    ran: &AtomicUsize,
+) {
+    for case in group {
+        let (acted, failure) = run_case(case);
+        ran.fetch_add(1, Ordering::Relaxed);
+        if let Some(f) = failure {
+            eprintln!("FAILED {f}");
+            failures.lock().unwrap().push(f);
+        }
+        if acted {
+            fired.lock().unwrap().insert((case.call as usize, case.fault as usize));
+            break;
+        }
+    }
+}
+
 fn grid(net: Net) {
     let groups = selected(net);
     let jobs = std::env::var("BRAID_FAULT_GRID_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(1usize).max(1);
@@ -514,21 +543,9 @@ fn grid(net: Net) {
     let started = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..jobs {
-            s.spawn(|| loop {
-                let Some(group) = groups.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
-                for case in group {
-                    let (acted, failure) = run_case(case);
-                    ran.fetch_add(1, Ordering::Relaxed);
-                    if acted {
-                        fired.lock().unwrap().insert((case.call as usize, case.fault as usize));
-                    }
-                    if let Some(f) = failure {
-                        eprintln!("FAILED {f}");
-                        failures.lock().unwrap().push(f);
-                    }
-                    if acted {
-                        break;
-                    }
+            s.spawn(|| {
+                while let Some(group) = groups.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    run_group(group, &fired, &failures, &ran);
                 }
             });
         }
