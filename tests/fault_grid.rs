@@ -511,17 +511,20 @@ fn selected(net: Net) -> Vec<Vec<Case>> {
     }
 }
 
+/// Cases run and cases whose fault acted.
+#[derive(Default)]
+struct Counts {
+    ran: AtomicUsize,
+    acted: AtomicUsize,
+}
+
 /// Run a group's cases until one's fault acts, recording which call x fault acted
 /// and every failure.
-fn run_group(
-    group: &[Case],
-    fired: &Mutex<BTreeSet<(usize, usize)>>,
-    failures: &Mutex<Vec<String>>,
-    ran: &AtomicUsize,
-) {
+fn run_group(group: &[Case], fired: &Mutex<BTreeSet<(usize, usize)>>, failures: &Mutex<Vec<String>>, n: &Counts) {
     for case in group {
         let (acted, failure) = run_case(case);
-        ran.fetch_add(1, Ordering::Relaxed);
+        n.ran.fetch_add(1, Ordering::Relaxed);
+        n.acted.fetch_add(acted as usize, Ordering::Relaxed);
         if let Some(f) = failure {
             eprintln!("FAILED {f}");
             failures.lock().unwrap().push(f);
@@ -539,20 +542,24 @@ fn grid(net: Net) {
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());
     let fired = Mutex::new(BTreeSet::new());
-    let ran = AtomicUsize::new(0);
+    let counts = Counts::default();
     let started = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..jobs {
             s.spawn(|| {
                 while let Some(group) = groups.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    run_group(group, &fired, &failures, &ran);
+                    run_group(group, &fired, &failures, &counts);
                 }
             });
         }
     });
     let (failures, fired) = (failures.into_inner().unwrap(), fired.into_inner().unwrap());
-    let (n, took) = (ran.into_inner(), started.elapsed());
-    println!("{net:?}: {n} cases in {took:?}, {} failed; {} call x fault pairs acted", failures.len(), fired.len());
+    let (n, acted, took) = (counts.ran.into_inner(), counts.acted.into_inner(), started.elapsed());
+    println!(
+        "{net:?}: {n} cases in {took:?}, the fault acted in {acted}, {} failed; {} call x fault pairs acted",
+        failures.len(),
+        fired.len()
+    );
     assert!(failures.is_empty(), "{} of {n} cases failed:\n{}", failures.len(), failures.join("\n"));
     // A grid whose faults never act tests nothing: each call meets each fault.
     let all = !matches!(mode(), Mode::Filter(_));
