@@ -6,12 +6,13 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use braid::algorithm::Algorithm;
 use braid::bootstrap::MemStore;
-use braid::device::{Device, DeviceBuffer, SimDevice};
+use braid::device::{Device, DeviceBuffer, DevicePtr, Export, PeerProcess, SimDevice, Ticket};
 use braid::TransportKind;
 use braid::{Communicator, Config, DType, ReduceOp};
 use common::{comms, on_ranks, Net};
@@ -319,13 +320,18 @@ fn bound_grid_ranks_sharing_one_device() {
 #[test]
 fn bound_every_algorithm() {
     let algos = [Algorithm::Ring, Algorithm::Direct, Algorithm::Chain, Algorithm::Tree];
-    on_ranks(bound_inproc(as_devices(&sims(4, false, "ba"))), move |c| {
+    let s = sims(4, false, "ba");
+    on_ranks(bound_inproc(as_devices(&s)), move |c| {
         let dev = c.device().unwrap();
         for a in algos {
             c.set_algorithm(Some(a));
             every_collective(c, &dev, 2 * (1 << 18) + 3, true);
         }
     });
+    // Every buffer was dropped right after its call: none while a peer had it open.
+    for sim in &s {
+        assert!(sim.freed_while_mapped().is_empty(), "{:?}", sim.freed_while_mapped());
+    }
 }
 
 #[test]
@@ -393,8 +399,10 @@ fn freed_exported_memory_leaves_no_mapping_behind() {
             check("all-reduce", &download(&b), |_| 2 * round + 1);
             drop(b);
             c.barrier().unwrap();
-            // Both ranks freed the buffers they exported: no mapping of them is usable.
+            // Both ranks freed the buffers they exported: no mapping of them is
+            // usable, and none was still open when they were freed.
             assert_eq!(sim.mapped_allocations(), 0, "round {round}");
+            assert!(sim.freed_while_mapped().is_empty(), "round {round}: {:?}", sim.freed_while_mapped());
             c.barrier().unwrap();
         }
         assert_eq!(sim.stats().peer_maps, 3, "each round maps the peer's new buffer once");
@@ -538,4 +546,141 @@ fn unexportable_buffers_fall_back_and_the_collective_is_exact() {
         unsafe { dev.free_device(p, len) };
     });
     assert_eq!(s[0].stats().to_host, 0, "no host staging either");
+    // The exportable stand-ins went with their calls, after the peers closed them.
+    for sim in &s {
+        assert!(sim.freed_while_mapped().is_empty(), "{:?}", sim.freed_while_mapped());
+    }
+}
+
+/// A simulated device whose next close of a peer's mapping, once armed, first
+/// waits (at most a second) for the peer to say it freed its call's buffers:
+/// where an importer closes only after the exporter's call may have returned,
+/// the exporter then frees memory still mapped here every time, not now and then.
+struct SlowToClose {
+    sim: Arc<SimDevice>,
+    armed: AtomicBool,
+    peer_freed: AtomicBool,
+}
+
+impl Device for SlowToClose {
+    fn describe(&self) -> String {
+        self.sim.describe()
+    }
+    fn alloc_device(&self, len: usize) -> braid::Result<DevicePtr> {
+        self.sim.alloc_device(len)
+    }
+    unsafe fn free_device(&self, ptr: DevicePtr, len: usize) {
+        // SAFETY: forwarded as the caller promised it.
+        unsafe { self.sim.free_device(ptr, len) }
+    }
+    fn alloc_host(&self, len: usize) -> braid::Result<*mut u8> {
+        self.sim.alloc_host(len)
+    }
+    unsafe fn free_host(&self, ptr: *mut u8, len: usize) {
+        // SAFETY: forwarded as the caller promised it.
+        unsafe { self.sim.free_host(ptr, len) }
+    }
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: DevicePtr, len: usize) -> braid::Result<()> {
+        // SAFETY: forwarded as the caller promised it.
+        unsafe { self.sim.copy_to_host(dst, src, len) }
+    }
+    unsafe fn copy_to_device(&self, dst: DevicePtr, src: *const u8, len: usize) -> braid::Result<()> {
+        // SAFETY: forwarded as the caller promised it.
+        unsafe { self.sim.copy_to_device(dst, src, len) }
+    }
+    unsafe fn copy_on_device(&self, dst: DevicePtr, src: DevicePtr, len: usize) -> braid::Result<()> {
+        // SAFETY: forwarded as the caller promised it.
+        unsafe { self.sim.copy_on_device(dst, src, len) }
+    }
+    unsafe fn reduce(
+        &self,
+        dst: DevicePtr,
+        a: DevicePtr,
+        b: DevicePtr,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> braid::Result<()> {
+        // SAFETY: forwarded as the caller promised it.
+        unsafe { self.sim.reduce(dst, a, b, len, dtype, op) }
+    }
+    unsafe fn finalize(
+        &self,
+        buf: DevicePtr,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+        world: usize,
+    ) -> braid::Result<()> {
+        // SAFETY: forwarded as the caller promised it.
+        unsafe { self.sim.finalize(buf, len, dtype, op, world) }
+    }
+    fn record(&self) -> braid::Result<Ticket> {
+        self.sim.record()
+    }
+    fn is_complete(&self, ticket: Ticket) -> braid::Result<bool> {
+        self.sim.is_complete(ticket)
+    }
+    fn synchronize(&self) -> braid::Result<()> {
+        self.sim.synchronize()
+    }
+    fn peer_domain(&self) -> Option<String> {
+        self.sim.peer_domain()
+    }
+    fn export(&self, ptr: DevicePtr, len: usize) -> braid::Result<Export> {
+        self.sim.export(ptr, len)
+    }
+    fn open_export(&self, handle: &[u8], peer: PeerProcess) -> braid::Result<(DevicePtr, usize)> {
+        self.sim.open_export(handle, peer)
+    }
+    fn close_export(&self, handle: &[u8]) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            // Bounded: where the close comes first, the peer cannot free before it.
+            let until = Instant::now() + Duration::from_secs(1);
+            while !self.peer_freed.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.sim.close_export(handle)
+    }
+}
+
+/// An exporter's call returns only after its peer closed every mapping of the
+/// call's buffers, so the user may free them at once (freeing exported memory
+/// that a peer has open is undefined for CUDA): rank 0 frees its buffer as soon
+/// as each call returns, and rank 1, whose closes wait for that free when they
+/// can, must have closed first. All-reduce (each rank exports and imports),
+/// broadcast (the root only exports) and a point-to-point send.
+#[test]
+fn an_exporters_call_returns_only_after_its_peer_closed_the_mappings() {
+    let s = sims(2, false, "closefirst");
+    let slow = Arc::new(SlowToClose { sim: s[1].clone(), armed: false.into(), peer_freed: false.into() });
+    let for_ranks = (s.clone(), slow.clone());
+    on_ranks(bound_inproc(vec![s[0].clone(), slow]), move |c| {
+        let (sims, slow) = &for_ranks;
+        let (r, dev) = (c.rank(), c.device().expect("bound"));
+        for case in ["all-reduce", "broadcast", "send/recv"] {
+            if r == 1 {
+                slow.peer_freed.store(false, Ordering::SeqCst);
+                slow.armed.store(true, Ordering::SeqCst);
+            }
+            c.barrier().unwrap();
+            let mine: Vec<i32> = (0..5000).map(|i| value(r, i)).collect();
+            let mut b = upload(&dev, &mine);
+            match (case, r) {
+                ("all-reduce", _) => c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap(),
+                ("broadcast", _) => c.broadcast_device(&mut b, DType::I32, 0).unwrap(),
+                (_, 0) => c.send_device(&b, DType::I32, 1).unwrap(),
+                _ => c.recv_device(&mut b, DType::I32, 0).unwrap(),
+            }
+            // The user frees the exported buffer the moment the call returns.
+            drop(b);
+            if r == 0 {
+                slow.peer_freed.store(true, Ordering::SeqCst);
+            }
+            c.barrier().unwrap();
+            let broken = sims[r].freed_while_mapped();
+            assert!(broken.is_empty(), "{case}: rank {r} freed memory its peer still had mapped: {broken:?}");
+        }
+    });
 }

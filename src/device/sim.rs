@@ -18,14 +18,17 @@
 //! the free came between enqueueing and running (a real device's illegal access).
 //! A mapping is held per [`Device::open_export`] and removed when the last hold is
 //! given back ([`Device::close_export`]): work still queued on it then fails, so a
-//! caller that closes too early is caught. Each device belongs to a simulated
+//! caller that closes too early is caught. An owner that frees an allocation
+//! while a peer still holds it open breaks the IPC contract (CUDA leaves it
+//! undefined): the owner records it ([`SimDevice::freed_while_mapped`]), so a
+//! caller that lets memory go too early is caught as well. Each device belongs to a simulated
 //! process (this one's [token](super::peer_maps::process_token) unless made with
 //! [`SimDevice::in_process`]), and its handles say so, as a CUDA device's do.
 //! [`SimDevice::alloc_unexportable`] makes memory that cannot be exported, as
 //! `cudaMallocAsync` and `cuMemCreate` memory cannot be shared through IPC handles.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use super::peer_maps::{check_claim, process_token, Mappings, TOKEN_LEN};
@@ -92,6 +95,8 @@ struct Alloc {
     len: usize,
     /// False for memory no peer can map (see [`SimDevice::alloc_unexportable`]).
     exportable: bool,
+    /// Devices holding it mapped now (opened and not yet closed).
+    importers: AtomicUsize,
     mem: Mutex<Option<Box<[u8]>>>,
 }
 
@@ -131,6 +136,8 @@ struct State {
     /// The first operation that failed while running (a peer freed memory this
     /// device had queued work on), reported by the next poll or synchronize.
     fault: Option<Error>,
+    /// Frees of this device's allocations that a peer still held open.
+    freed_while_mapped: Vec<String>,
 }
 
 enum Op {
@@ -164,6 +171,7 @@ impl SimDevice {
             done: 0,
             stats: SimStats::default(),
             fault: None,
+            freed_while_mapped: Vec::new(),
         };
         let id = NEXT_DEVICE.fetch_add(1, Ordering::Relaxed);
         let start = BASE + ((id % (1 << 20)) << RANGE_BITS);
@@ -183,7 +191,8 @@ impl SimDevice {
         let p = SimDevice::reserve(&mut st, len)?;
         let id = NEXT_ALLOC.fetch_add(1, Ordering::Relaxed);
         let mem = Mutex::new(Some(vec![0u8; len].into_boxed_slice()));
-        st.allocs.insert(p, Arc::new(Alloc { id, owner: self.id, base: p, len, exportable, mem }));
+        let importers = AtomicUsize::new(0);
+        st.allocs.insert(p, Arc::new(Alloc { id, owner: self.id, base: p, len, exportable, importers, mem }));
         Ok(p)
     }
 
@@ -210,6 +219,12 @@ impl SimDevice {
     /// Device allocations of this device currently live.
     pub fn live_allocations(&self) -> usize {
         self.lock().allocs.len()
+    }
+
+    /// This device's allocations freed while a peer still held them open, one
+    /// line each: none where every importer closed before the owner let go.
+    pub fn freed_while_mapped(&self) -> Vec<String> {
+        self.lock().freed_while_mapped.clone()
     }
 
     /// Peer allocations this device has mapped whose owners have not freed them.
@@ -388,6 +403,15 @@ impl Device for SimDevice {
         let freed = st.allocs.remove(&ptr);
         assert!(freed.as_ref().is_some_and(|a| a.len == len), "{}: free of {ptr:#x} (+{len}) not allocated", self.name);
         if let Some(a) = freed {
+            let importers = a.importers.load(Ordering::SeqCst);
+            if importers > 0 {
+                let what = format!(
+                    "{}: allocation {} ({ptr:#x}, +{len}) freed while {importers} peer device(s) held it open",
+                    self.name, a.id
+                );
+                tracing::error!("{what}");
+                st.freed_while_mapped.push(what);
+            }
             a.release();
         }
     }
@@ -522,6 +546,7 @@ impl Device for SimDevice {
         st.maps.acquire(name, handle, || {
             let p = reserve_in(next, end, name, alloc.len)?;
             mapped.insert(p, alloc.clone());
+            alloc.importers.fetch_add(1, Ordering::SeqCst);
             stats.peer_maps += 1;
             Ok((p, alloc.len, p))
         })
@@ -529,8 +554,8 @@ impl Device for SimDevice {
 
     fn close_export(&self, handle: &[u8]) {
         let mut st = self.lock();
-        if let Some(p) = st.maps.release(handle) {
-            st.mapped.remove(&p);
+        if let Some(a) = st.maps.release(handle).and_then(|p| st.mapped.remove(&p)) {
+            a.importers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -540,6 +565,9 @@ impl Drop for SimDevice {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for a in st.allocs.values() {
             a.release();
+        }
+        for a in st.mapped.values() {
+            a.importers.fetch_sub(1, Ordering::SeqCst);
         }
         for (&p, &len) in &st.hosts {
             // SAFETY: every entry is a live Box<[u8]> of `len.max(1)` bytes from
@@ -657,6 +685,8 @@ mod tests {
         let t = b.record().unwrap();
         // SAFETY: pa is a's allocation of 16 bytes, freed once.
         unsafe { a.free_device(pa, 16) };
+        let v = a.freed_while_mapped();
+        assert!(v.len() == 1 && v[0].contains("freed while 1 peer"), "the owner records the broken contract: {v:?}");
         let e = b.is_complete(t).unwrap_err().to_string();
         assert!(e.contains("freed"), "{e}");
         assert!(b.is_complete(t).unwrap(), "reported once; the device goes on");
@@ -702,6 +732,9 @@ mod tests {
         let e = b.open_export(&foreign, PeerProcess::Other).unwrap_err().to_string();
         assert!(e.contains("this device's own"), "{e}");
         let _ = m2;
+        // SAFETY: a's allocation of 16 bytes, freed once.
+        unsafe { a.free_device(pa, 16) };
+        assert!(a.freed_while_mapped().is_empty(), "every importer had closed it: {:?}", a.freed_while_mapped());
     }
 
     #[test]

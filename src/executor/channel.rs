@@ -157,6 +157,14 @@ pub trait PeerChannel: Send {
     /// that it leaves (`Goodbye`), then close the sending side.
     fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str, give_up: Instant);
 
+    /// Every receive from the peer that this call will post is posted (the
+    /// executor says so in the round of the last one, before driving it). A
+    /// channel that maps the peer's memory closes those mappings once the work
+    /// reading them is done and before it acknowledges the last piece: the peer's
+    /// call waits for that acknowledgement, so it cannot return (and its user
+    /// free the memory) while this side still has it mapped. Others ignore it.
+    fn last_receives_posted(&mut self) {}
+
     /// The call ends (however it ends): revoke whatever the peer was allowed to read
     /// of this call's buffers and forget every posted request.
     fn end_call(&mut self);

@@ -16,7 +16,10 @@
 //! A call on device buffers wraps each peer's channel for the call: in a
 //! [`peer_copy::PeerCopyChannel`] (the peer's device reads this one's memory
 //! directly) for the peers [`Buffers::peer_copy`] marks, in a
-//! [`staged::StagedChannel`] (through host staging buffers) for the others.
+//! [`staged::StagedChannel`] (through host staging buffers) for the others. In
+//! the round that posts a call's last receive from a peer, the executor says so
+//! ([`PeerChannel::last_receives_posted`]): a single-copy channel then closes the
+//! peer's mappings before its last acknowledgement, which the peer's call waits for.
 //!
 //! The channel today is [`StreamChannel`] over the byte-stream links (framing,
 //! single copy, zero-copy reduction out of shared rings: see [`stream`]); CUDA and
@@ -183,10 +186,12 @@ pub struct CallInfo {
 }
 
 /// Executor state kept between calls so a call allocates nothing: the round's
-/// forward gates (bytes of each forwarded piece reduced so far, may go out).
+/// forward gates (bytes of each forwarded piece reduced so far, may go out), and
+/// for a call with single-copy peers the last round receiving from each peer.
 #[derive(Default)]
 pub struct Queues {
     gates: Vec<usize>,
+    last_receive: Vec<Option<usize>>,
 }
 
 /// The channels of a communicator, indexed by peer rank (None: no link to it).
@@ -269,8 +274,14 @@ fn run_rounds(
     bufs: &mut Buffers,
     call: &CallInfo,
 ) -> Result<()> {
-    let gates = &mut queues.gates;
-    for round in &schedule.rounds {
+    let Queues { gates, last_receive } = queues;
+    // A single-copy channel holds the peer's memory mapped; it must let go before
+    // the peer's call can end (see PeerChannel::last_receives_posted).
+    let tell_last = bufs.device.is_some() && bufs.peer_copy.as_ref().is_some_and(|m| m.iter().any(Option::is_some));
+    if tell_last {
+        last_receive_rounds(schedule, channels.len(), last_receive);
+    }
+    for (index, round) in schedule.rounds.iter().enumerate() {
         gates.clear();
         for step in &round.steps {
             match *step {
@@ -296,9 +307,36 @@ fn run_rounds(
                 }
             }
         }
+        if tell_last {
+            for (peer, ch) in channels.iter_mut().enumerate() {
+                if let (Some(ch), Some(&Some(last))) = (ch.as_mut(), last_receive.get(peer)) {
+                    if last == index {
+                        ch.last_receives_posted();
+                    }
+                }
+            }
+        }
         run_transfers(channels, gates, call)?;
     }
     Ok(())
+}
+
+/// For each of `peers` ranks, the last round of `schedule` with a receive from
+/// it (None: no round receives from it), into `out`.
+fn last_receive_rounds(schedule: &Schedule, peers: usize, out: &mut Vec<Option<usize>>) {
+    out.clear();
+    out.resize(peers, None);
+    for (index, round) in schedule.rounds.iter().enumerate() {
+        for step in &round.steps {
+            let from = match *step {
+                Step::Recv { peer, .. } | Step::RecvReduce { peer, .. } | Step::RecvReduceSend { peer, .. } => peer,
+                Step::Copy { .. } | Step::Reduce { .. } | Step::Send { .. } => continue,
+            };
+            if let Some(slot) = out.get_mut(from) {
+                *slot = Some(index);
+            }
+        }
+    }
 }
 
 /// The destination and reduction of a receive-reduce (`dst = src ⊕ received`).

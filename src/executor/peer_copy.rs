@@ -32,8 +32,16 @@
 //! The receiver opens each allocation a peer names once per call (at most
 //! [`MAX_PEER_ALLOCATIONS_PER_CALL`]; more is a protocol error naming the peer),
 //! as the peer runs by the communicator's word ([`PeerProcess`]; the untrusted
-//! default is another process), and gives the mappings back when the call ends,
-//! after its device work is done. A send region the device cannot export
+//! default is another process). It gives the mappings back once the executor has
+//! said the call's last receives from the peer are posted
+//! ([`PeerChannel::last_receives_posted`]) and all of them completed, just
+//! before their last acknowledgement: the peer's call waits for that message,
+//! so it never returns, and its user never frees the memory, while this device
+//! still has it mapped (the CUDA docs make freeing exported memory that a peer
+//! has open undefined). That costs no message: the close (and, for CUDA, the
+//! stream synchronization it waits for, which the call's end did anyway) moves
+//! before that acknowledgement. A call that fails gives them back when it ends, after its device work
+//! is done; the peer's failed call may have returned before that. A send region the device cannot export
 //! (`cudaMallocAsync` or `cuMemCreate` memory) goes through an exportable device
 //! buffer of this channel: each piece is copied there once it is final, and that
 //! copy is described instead; the protocol is the same.
@@ -143,6 +151,9 @@ pub struct PeerCopyChannel<'a> {
     peer: PeerProcess,
     /// The peer's allocations this call opened.
     maps: CallMaps,
+    /// No receive from the peer follows those posted: close `maps` before the
+    /// acknowledgement that completes them.
+    last_posted: bool,
     /// Exportable stand-ins for send regions that cannot be exported, with their
     /// exports; reused by later sends of the call once free.
     bounces: Vec<(DeviceBuffer, Export)>,
@@ -257,6 +268,7 @@ impl<'a> PeerCopyChannel<'a> {
             mirrored: None,
             peer,
             maps: CallMaps::default(),
+            last_posted: false,
             bounces: Vec::new(),
         }
     }
@@ -529,6 +541,12 @@ impl<'a> PeerCopyChannel<'a> {
                 if let Some(g) = job.feeds {
                     gates[g + k] = piece(job.len, k).1;
                 }
+                if self.last_posted && self.recvs[i].done() && self.recvs.iter().all(RecvJob::done) {
+                    // The last acknowledgement the peer's call waits for from this
+                    // rank: every piece's device work has completed, so the
+                    // mappings close now, before the peer can return and free.
+                    self.maps.release_all(self.device.as_ref());
+                }
                 let ack = Control {
                     kind: ControlKind::Ack,
                     job: self.recvs_before + i as u64,
@@ -657,6 +675,10 @@ impl PeerChannel for PeerCopyChannel<'_> {
         }
     }
 
+    fn last_receives_posted(&mut self) {
+        self.last_posted = true;
+    }
+
     fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str, give_up: Instant) {
         self.inner.send_control_and_close(kind, comm_id, epoch, reason, give_up);
     }
@@ -669,6 +691,7 @@ impl PeerChannel for PeerCopyChannel<'_> {
         // The device is done with the peer's memory: this call's holds go back
         // (a mapping no other call holds closes now, not when the device goes).
         self.maps.release_all(self.device.as_ref());
+        self.last_posted = false;
         self.sends.clear();
         self.bounces.clear();
         self.recvs.clear();

@@ -358,3 +358,46 @@ fn an_unexportable_send_region_is_staged_through_an_exportable_buffer() {
         assert_eq!(s0.live_allocations(), 1, "the exportable buffer went with the call");
     }
 }
+
+/// Once the executor says the call's last receives from the peer are posted,
+/// the receiving channel closes the peer's mappings before the acknowledgement
+/// that completes them: the sender stops being busy (its call may return, its
+/// user free the buffer) only when none of its memory is mapped on the peer.
+/// An earlier round keeps its mapping for the next one.
+#[test]
+fn the_last_acknowledgement_follows_the_close_of_the_peers_mappings() {
+    let n = PIECE_BYTES / 4 + 3;
+    let (s0, s1) = (Arc::new(SimDevice::new("l0")), Arc::new(SimDevice::new("l1")));
+    let (d0, d1): (Arc<dyn Device>, Arc<dyn Device>) = (s0.clone(), s1.clone());
+    let (src, dst) = (d0.alloc_device(n * 4).unwrap(), d1.alloc_device(n * 4).unwrap());
+    s0.upload(src, &ints((0..n).map(|i| i as i32))).unwrap();
+    let (mut c0, mut c1) = pair();
+    let mut a = PeerCopyChannel::new(&mut c0, d0.clone(), This);
+    let mut b = PeerCopyChannel::new(&mut c1, d1.clone(), This);
+    let (ia, ib) = (call(0, n), call(1, n));
+    let mut gates = Vec::new();
+    for last in [false, true] {
+        a.post_send(region(src, n * 4), None, &ia).unwrap();
+        b.post_recv(region(dst, n * 4), None, None, &ib).unwrap();
+        if last {
+            b.last_receives_posted();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while a.busy() {
+            assert!(Instant::now() < deadline, "transfer stalled");
+            a.progress(1, &mut gates, &ia).unwrap();
+            b.progress(0, &mut gates, &ib).unwrap();
+        }
+        // Here the sender's call could return.
+        assert_eq!(s1.mapped_allocations(), usize::from(!last), "last round: {last}");
+        drive(&mut a, &mut b, &mut gates, n).unwrap();
+    }
+    assert_eq!(s1.stats().peer_maps, 1, "mapped once for the whole call");
+    drop((a, b));
+    let mut out = vec![0u8; n * 4];
+    s1.download(dst, &mut out).unwrap();
+    assert_eq!(out, ints((0..n).map(|i| i as i32)));
+    // SAFETY: allocated above, freed once, no call uses it any more.
+    unsafe { d0.free_device(src, n * 4) };
+    assert!(s0.freed_while_mapped().is_empty(), "{:?}", s0.freed_while_mapped());
+}
