@@ -12,33 +12,10 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use braid::{Communicator, Error, ReduceOp};
-use common::{comms, on_ranks, Net};
+use common::{comms, on_ranks, Call, Net, CALLS_ALL};
 
 /// Elements per rank block: odd, and past one small frame.
 const COUNT: usize = 4099;
-
-#[derive(Clone, Copy, Debug)]
-enum Op {
-    AllReduce,
-    Broadcast,
-    AllGather,
-    ReduceScatter,
-    Reduce,
-    Barrier,
-    AllToAll,
-    SendRecv,
-}
-
-const OPS: [Op; 8] = [
-    Op::AllReduce,
-    Op::Broadcast,
-    Op::AllGather,
-    Op::ReduceScatter,
-    Op::Reduce,
-    Op::Barrier,
-    Op::AllToAll,
-    Op::SendRecv,
-];
 
 /// Who aborts once its call has returned.
 #[derive(Clone, Copy, Debug)]
@@ -60,7 +37,7 @@ fn summed(world: usize, b: usize, i: usize) -> i32 {
 }
 
 /// Run `op` on this rank and check its result exactly; Err carries the call's error.
-fn run_and_check(c: &Communicator, op: Op) -> Result<(), String> {
+fn run_and_check(c: &Communicator, op: Call) -> Result<(), String> {
     let (rank, world) = (c.rank(), c.world_size());
     let root = world - 1;
     let block = |b: usize| (0..COUNT).map(move |i| value(rank, b, i));
@@ -72,29 +49,29 @@ fn run_and_check(c: &Communicator, op: Op) -> Result<(), String> {
         }
     };
     match op {
-        Op::AllReduce => {
+        Call::AllReduce => {
             let mut buf: Vec<i32> = block(0).collect();
             c.all_reduce_in_place(&mut buf, ReduceOp::Sum).map_err(fail)?;
             check(&buf, &|i| summed(world, 0, i))
         }
-        Op::Broadcast => {
+        Call::Broadcast => {
             let mut buf: Vec<i32> = if rank == root { block(0).collect() } else { vec![-1; COUNT] };
             c.broadcast(&mut buf, root).map_err(fail)?;
             check(&buf, &|i| value(root, 0, i))
         }
-        Op::AllGather => {
+        Call::AllGather => {
             let input: Vec<i32> = block(0).collect();
             let mut out = vec![-1; COUNT * world];
             c.all_gather(&input, &mut out).map_err(fail)?;
             check(&out, &|j| value(j / COUNT, 0, j % COUNT))
         }
-        Op::ReduceScatter => {
+        Call::ReduceScatter => {
             let input: Vec<i32> = (0..world).flat_map(block).collect();
             let mut out = vec![-1; COUNT];
             c.reduce_scatter(&input, &mut out, ReduceOp::Sum).map_err(fail)?;
             check(&out, &|i| summed(world, rank, i))
         }
-        Op::Reduce => {
+        Call::Reduce => {
             let input: Vec<i32> = block(0).collect();
             let mut out = vec![-1; COUNT];
             c.reduce(&input, &mut out, ReduceOp::Sum, root).map_err(fail)?;
@@ -104,14 +81,14 @@ fn run_and_check(c: &Communicator, op: Op) -> Result<(), String> {
                 Ok(())
             }
         }
-        Op::Barrier => c.barrier().map_err(fail),
-        Op::AllToAll => {
+        Call::Barrier => c.barrier().map_err(fail),
+        Call::AllToAll => {
             let input: Vec<i32> = (0..world).flat_map(block).collect();
             let mut out = vec![-1; COUNT * world];
             c.all_to_all(&input, &mut out).map_err(fail)?;
             check(&out, &|j| value(j / COUNT, rank, j % COUNT))
         }
-        Op::SendRecv => {
+        Call::SendRecv => {
             // A ring: even ranks send first, odd ranks receive first.
             let (to, from) = ((rank + 1) % world, (rank + world - 1) % world);
             let input: Vec<i32> = block(to).collect();
@@ -144,7 +121,7 @@ fn leads_to_aborted(errors: &[Option<Error>], aborted: &[bool], rank: usize, cas
     panic!("{case}: rank {rank}'s error does not lead back to an aborted rank: {:?}", errors[rank]);
 }
 
-fn abort_after(net: Net, world: usize, op: Op, who: Aborters) {
+fn abort_after(net: Net, world: usize, op: Call, who: Aborters) {
     let case = format!("{net:?}, {world} ranks, {op:?}, {who:?} abort");
     let aborts = move |r: usize| matches!(who, Aborters::All) || r == world - 1;
     let all_done = Arc::new(Barrier::new(world));
@@ -177,7 +154,7 @@ fn abort_after(net: Net, world: usize, op: Op, who: Aborters) {
 
 fn grid(net: Net) {
     for world in 2..=8 {
-        for op in OPS {
+        for op in CALLS_ALL {
             for who in [Aborters::Last, Aborters::All] {
                 abort_after(net, world, op, who);
             }

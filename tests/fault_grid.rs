@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use braid::bootstrap::{MemStore, Store};
 use braid::fault::{FaultAction, FaultPlan, FaultPoint};
 use braid::{Communicator, Config, Error, ReduceOp, TransportKind};
-use common::Net;
+use common::{Call, Net, CALLS_ALL};
 
 /// Every wait's deadline: each stall case costs about one.
 const TIMEOUT: Duration = Duration::from_millis(1500);
@@ -47,44 +47,6 @@ const HANG_BOUND: Duration = Duration::from_secs(30);
 /// Calls per case: a fault may land in either, and the second shows the streams
 /// still in step after a delay.
 const CALLS: usize = 2;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
-    AllReduce,
-    Broadcast,
-    AllGather,
-    ReduceScatter,
-    Reduce,
-    Barrier,
-    AllToAll,
-    SendRecv,
-}
-
-const CALLS_ALL: [Call; 8] = [
-    Call::AllReduce,
-    Call::Broadcast,
-    Call::AllGather,
-    Call::ReduceScatter,
-    Call::Reduce,
-    Call::Barrier,
-    Call::AllToAll,
-    Call::SendRecv,
-];
-
-impl Call {
-    fn name(self) -> &'static str {
-        match self {
-            Call::AllReduce => "all-reduce",
-            Call::Broadcast => "broadcast",
-            Call::AllGather => "all-gather",
-            Call::ReduceScatter => "reduce-scatter",
-            Call::Reduce => "reduce",
-            Call::Barrier => "barrier",
-            Call::AllToAll => "all-to-all",
-            Call::SendRecv => "send-recv",
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {

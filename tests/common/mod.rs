@@ -69,3 +69,44 @@ pub fn on_ranks<R: Send + 'static>(
         .collect();
     handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
 }
+
+/// Every collective and send/recv, as the grids of tests drive them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    AllReduce,
+    Broadcast,
+    AllGather,
+    ReduceScatter,
+    Reduce,
+    Barrier,
+    AllToAll,
+    SendRecv,
+}
+
+/// Every [`Call`].
+pub const CALLS_ALL: [Call; 8] = [
+    Call::AllReduce,
+    Call::Broadcast,
+    Call::AllGather,
+    Call::ReduceScatter,
+    Call::Reduce,
+    Call::Barrier,
+    Call::AllToAll,
+    Call::SendRecv,
+];
+
+impl Call {
+    /// The call's name, as `braid perf --op` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Call::AllReduce => "all-reduce",
+            Call::Broadcast => "broadcast",
+            Call::AllGather => "all-gather",
+            Call::ReduceScatter => "reduce-scatter",
+            Call::Reduce => "reduce",
+            Call::Barrier => "barrier",
+            Call::AllToAll => "all-to-all",
+            Call::SendRecv => "send-recv",
+        }
+    }
+}
