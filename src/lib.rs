@@ -86,8 +86,9 @@
 //!
 //! ## Features
 //!
-//! - `cuda` (default): GPU buffers through CUDA; the driver and NVRTC are loaded at
-//!   run time, so the build needs no toolkit.
+//! - `cuda` (default): GPU buffers through CUDA; the driver is loaded at run time, so
+//!   the build needs no toolkit, and the reductions are embedded as PTX (NVRTC only
+//!   with `BRAID_NVRTC=1`).
 //! - `rdma`: the RDMA verbs transport (needs libibverbs and librdmacm to build).
 //! - `cli` (default): the `braid` command and its dependencies (clap,
 //!   tracing-subscriber, serde_json, plotters). Depend on braid with

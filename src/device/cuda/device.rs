@@ -85,8 +85,9 @@ impl Tickets {
 }
 
 impl CudaDevice {
-    /// Device `ordinal` with a new stream of its own. With no driver, no such
-    /// device or no NVRTC: [`Error::Unsupported`] naming the cause.
+    /// Device `ordinal` with a new stream of its own. With no driver or no such
+    /// device (or no NVRTC when `BRAID_NVRTC=1` asks for it): [`Error::Unsupported`]
+    /// naming the cause.
     pub fn new(ordinal: usize) -> Result<Arc<CudaDevice>> {
         let tag = format!("cuda:{ordinal}");
         // SAFETY: only tries to load the driver library; calls nothing in it.
@@ -95,7 +96,9 @@ impl CudaDevice {
                 "{tag}: no CUDA driver on this machine (libcuda.so could not be loaded)"
             )));
         }
-        nvrtc::nvrtc_available().map_err(|why| Error::Unsupported(format!("{tag}: {why}")))?;
+        if nvrtc::requested() {
+            nvrtc::nvrtc_available().map_err(|why| Error::Unsupported(format!("{tag}: {why}")))?;
+        }
         let count = match catch_unwind(CudaContext::device_count) {
             Ok(Ok(n)) => n,
             // No usable device, the toolkit's stub library, or a driver that does not
@@ -117,7 +120,9 @@ impl CudaDevice {
     /// A device working on `stream` (shared with the caller, who keeps using it).
     pub fn on_stream(stream: Arc<CudaStream>) -> Result<Arc<CudaDevice>> {
         let tag = format!("cuda:{}", stream.context().ordinal());
-        nvrtc::nvrtc_available().map_err(|why| Error::Unsupported(format!("{tag}: {why}")))?;
+        if nvrtc::requested() {
+            nvrtc::nvrtc_available().map_err(|why| Error::Unsupported(format!("{tag}: {why}")))?;
+        }
         Self::build(stream)
     }
 
@@ -524,7 +529,8 @@ fn incompatible(tag: &str, what: &str) -> Error {
     ))
 }
 
-/// The kernels loaded into `ctx`: compiled once per architecture, loaded once per
+/// The kernels loaded into `ctx`: the embedded PTX (JIT-compiled by the driver), or
+/// with `BRAID_NVRTC=1` compiled by NVRTC once per architecture; loaded once per
 /// context. The cache holds the module (and so the context) for the process.
 fn kernels_for(ctx: &Arc<CudaContext>, name: &str) -> Result<Arc<Kernels>> {
     static LOADED: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
@@ -534,28 +540,21 @@ fn kernels_for(ctx: &Arc<CudaContext>, name: &str) -> Result<Arc<Kernels>> {
     if let Some(k) = map.get(&key) {
         return Ok(k.clone());
     }
-    let (major, minor) = guarded(name, "reading the compute capability", || ctx.compute_capability())?;
-    // PTX for the device's own virtual architecture, JIT-compiled by the driver;
-    // an NVRTC older than the device falls back to its oldest supported target,
-    // which newer devices run as well.
-    let ptx = match nvrtc::ptx_for(&format!("compute_{major}{minor}")) {
-        Ok(p) => p,
-        Err(Error::Device(why)) => {
-            tracing::debug!(device = name, %why, "NVRTC does not know this architecture; using compute_70");
-            nvrtc::ptx_for("compute_70")?
-        }
-        Err(e) => return Err(e),
+    // PTX is as new as the NVRTC that wrote it; the driver must be too.
+    let (ptx, too_new) = if nvrtc::requested() {
+        (nvrtc_ptx(ctx, name)?, "use an NVRTC no newer than the driver")
+    } else {
+        let hint = "update the driver to CUDA 12.9 or later, or set BRAID_NVRTC=1 with an NVRTC no newer than it";
+        (nvrtc::EMBEDDED_PTX.to_string(), hint)
     };
-    let module =
-        guarded(name, "loading the reduction kernels", || ctx.load_module(Ptx::from_src(ptx))).map_err(|e| {
-            match e {
-                // The PTX is as new as the NVRTC that wrote it; the driver must be too.
-                Error::Device(m) if m.contains("UNSUPPORTED_PTX_VERSION") => Error::Unsupported(format!(
-                    "{m} (the NVRTC library is newer than the CUDA driver: use an NVRTC no newer than the driver)"
-                )),
-                other => other,
+    let module = guarded(name, "loading the reduction kernels", || ctx.load_module(Ptx::from_src(ptx))).map_err(
+        |e| match e {
+            Error::Device(m) if m.contains("UNSUPPORTED_PTX_VERSION") => {
+                Error::Unsupported(format!("{m} (the PTX is newer than the CUDA driver: {too_new})"))
             }
-        })?;
+            other => other,
+        },
+    )?;
     let function = |kname: String| guarded(name, &format!("finding {kname}"), || module.load_function(&kname));
     let mut reduce = Vec::with_capacity(DType::ALL.len() * COMBINERS.len());
     let mut finalize = Vec::with_capacity(DType::ALL.len());
@@ -569,4 +568,18 @@ fn kernels_for(ctx: &Arc<CudaContext>, name: &str) -> Result<Arc<Kernels>> {
     let k = Arc::new(Kernels { _module: module, reduce, finalize });
     map.insert(key, k.clone());
     Ok(k)
+}
+
+/// The kernels compiled by NVRTC for the device's own virtual architecture; an
+/// NVRTC older than the device falls back to its oldest supported target, which
+/// newer devices run as well.
+fn nvrtc_ptx(ctx: &Arc<CudaContext>, name: &str) -> Result<String> {
+    let (major, minor) = guarded(name, "reading the compute capability", || ctx.compute_capability())?;
+    match nvrtc::ptx_for(&format!("compute_{major}{minor}")) {
+        Err(Error::Device(why)) => {
+            tracing::debug!(device = name, %why, "NVRTC does not know this architecture; using compute_70");
+            nvrtc::ptx_for(nvrtc::EMBEDDED_ARCH)
+        }
+        other => other,
+    }
 }

@@ -1,4 +1,5 @@
-//! The CUDA C source of braid's device reductions, compiled at run time with NVRTC.
+//! The CUDA C source of braid's device reductions, compiled by NVRTC ahead of time
+//! into the committed `kernels.ptx` (`scripts/gen-ptx.sh`), or at run time.
 //!
 //! One source holds a kernel per (dtype, combining op) and an `Avg` division per
 //! dtype. It has no `#include`, so NVRTC needs no CUDA headers: the f16/bf16

@@ -1,11 +1,12 @@
 //! The CUDA device (`cuda` feature): braid's [`Device`](super::Device) on a CUDA
-//! stream, with reductions compiled at run time by NVRTC from `kernels`.
+//! stream, with reductions from `kernels` compiled ahead of time to PTX (embedded,
+//! `nvrtc::EMBEDDED_PTX`) or, with `BRAID_NVRTC=1`, at run time by NVRTC.
 //!
 //! `kernels` (the CUDA C source and kernel names) builds without the feature, so
 //! its arithmetic is checked on every machine; everything that calls CUDA is behind
-//! the feature and loads the driver and NVRTC at run time (`cudarc` with dynamic
-//! loading), refusing cleanly with [`Error::Unsupported`](crate::error::Error) when
-//! either is missing.
+//! the feature and loads the driver (and NVRTC when asked for) at run time (`cudarc`
+//! with dynamic loading), refusing cleanly with
+//! [`Error::Unsupported`](crate::error::Error) when one is missing.
 
 // Built without the feature so its tests check the kernels' arithmetic everywhere;
 // only the CUDA device uses it outside tests.

@@ -1,5 +1,10 @@
-//! Compiling [`kernels::source`](super::kernels::source) to PTX with NVRTC, once per
-//! architecture per process.
+//! The reduction kernels as PTX: ahead of time, embedded in the library (what the
+//! device loads by default, so a user needs only the driver), or compiled with NVRTC
+//! at run time, once per architecture per process (`BRAID_NVRTC=1`).
+//!
+//! `kernels.ptx` is NVRTC's output for [`kernels::source`](super::kernels::source)
+//! and [`EMBEDDED_ARCH`], written by `scripts/gen-ptx.sh` and committed; a test (run
+//! in CI's NVRTC step) fails when it no longer matches the source.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,13 +16,30 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use super::kernels;
 use crate::error::{Error, Result};
 
+/// The virtual architecture of [`EMBEDDED_PTX`]: the oldest braid supports (Volta),
+/// which the driver JIT-compiles for whatever newer GPU is present.
+pub const EMBEDDED_ARCH: &str = "compute_70";
+
+/// Every kernel, compiled ahead of time for [`EMBEDDED_ARCH`] by NVRTC 12.9 (the
+/// `nvidia-cuda-nvrtc-cu12==12.9.86` wheel CI fetches).
+pub const EMBEDDED_PTX: &str = include_str!("kernels.ptx");
+
+/// The environment variable that makes devices compile their kernels with NVRTC
+/// for their own architecture instead of loading [`EMBEDDED_PTX`].
+pub const NVRTC_ENV: &str = "BRAID_NVRTC";
+
+/// Whether `BRAID_NVRTC=1` asks for run-time compilation.
+pub fn requested() -> bool {
+    std::env::var(NVRTC_ENV).as_deref() == Ok("1")
+}
+
 /// Whether the NVRTC library can be loaded; the reason in one line when not.
 pub fn nvrtc_available() -> std::result::Result<(), String> {
     // SAFETY: only tries to load the library (dlopen); calls nothing in it.
     if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         Ok(())
     } else {
-        Err("CUDA reductions are compiled at run time with NVRTC, and libnvrtc.so could not be loaded \
+        Err("BRAID_NVRTC=1 asks for CUDA reductions compiled at run time, and libnvrtc.so could not be loaded \
              (install the CUDA toolkit or the nvidia-cuda-nvrtc-cu12 wheel and put its lib directory on LD_LIBRARY_PATH)"
             .into())
     }
@@ -107,6 +129,43 @@ mod tests {
                 std::fs::write(format!("/tmp/braid-{arch}.ptx"), &ptx).unwrap();
             }
         }
+    }
+
+    /// Writes `kernels.ptx` with `BRAID_WRITE_PTX=1` (what `scripts/gen-ptx.sh` does);
+    /// otherwise fails when the committed file is not what NVRTC makes of the source.
+    #[test]
+    fn embedded_ptx_is_what_nvrtc_makes_of_the_source() {
+        if !nvrtc_or_skip("embedded_ptx_is_what_nvrtc_makes_of_the_source") {
+            return;
+        }
+        let fresh = compile(EMBEDDED_ARCH).unwrap();
+        if std::env::var("BRAID_WRITE_PTX").as_deref() == Ok("1") {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/device/cuda/kernels.ptx");
+            std::fs::write(path, &fresh).unwrap();
+            eprintln!("wrote {path} ({} bytes)", fresh.len());
+            return;
+        }
+        if fresh != EMBEDDED_PTX {
+            let line = fresh.lines().zip(EMBEDDED_PTX.lines()).position(|(a, b)| a != b);
+            let at = line.map_or("in length".to_string(), |l| format!("first at line {}", l + 1));
+            panic!(
+                "src/device/cuda/kernels.ptx is stale: NVRTC makes different PTX of the kernel source ({at}); \
+                 regenerate it with scripts/gen-ptx.sh (NVRTC from nvidia-cuda-nvrtc-cu12==12.9.86) and commit it"
+            );
+        }
+        // Deterministic: a second compilation is the same text.
+        assert_eq!(compile(EMBEDDED_ARCH).unwrap(), fresh, "NVRTC's output differs between two runs");
+    }
+
+    #[test]
+    fn embedded_ptx_has_every_kernel_for_the_oldest_architecture() {
+        // Runs without NVRTC: the committed file alone.
+        assert!(EMBEDDED_PTX.contains(".target sm_70"), "not compute_70 PTX");
+        for name in kernels::kernel_names() {
+            assert!(EMBEDDED_PTX.contains(&format!(".entry {name}(")), "no .entry for {name}");
+        }
+        assert_eq!(EMBEDDED_PTX.matches(".entry ").count(), kernels::kernel_names().len());
+        assert!(!EMBEDDED_PTX.contains(".ftz") && !EMBEDDED_PTX.contains("fma."), "not IEEE arithmetic");
     }
 
     #[test]

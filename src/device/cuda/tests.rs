@@ -42,6 +42,24 @@ fn a_device_past_the_last_is_unsupported() {
     }
 }
 
+/// On CI's stub driver with one device (`STUB_CUDA_DEVICES=1`, no NVRTC on the
+/// library path): a device gets as far as loading the embedded PTX, which the stub
+/// checks is braid's and refuses for want of a device.
+#[test]
+fn the_embedded_ptx_reaches_the_drivers_module_loader() {
+    if std::env::var("STUB_CUDA_DEVICES").as_deref() != Ok("1") {
+        eprintln!("skipping the_embedded_ptx_reaches_the_drivers_module_loader: runs on CI's stub driver");
+        return;
+    }
+    match CudaDevice::new(0) {
+        Err(Error::Device(m)) => {
+            assert!(m.starts_with("cuda:0 (stub device): loading the reduction kernels: "), "{m}");
+            assert!(m.contains("CUDA_ERROR_NO_DEVICE"), "the stub did not take the image for braid's PTX: {m}");
+        }
+        other => panic!("expected the stub's refusal of the module, got {:?}", other.map(|d| d.describe())),
+    }
+}
+
 /// Device 0, or `None` after printing why the GPU tests skip.
 fn gpu(test: &str) -> Option<Arc<CudaDevice>> {
     if let Err(why) = cuda_devices() {
