@@ -224,6 +224,31 @@ fn perf_on_device_buffers_checks_every_collective() {
     }
 }
 
+/// `--mixed`: the odd ranks' buffers on the host, the even ranks' on the device, in one
+/// job whose every rank takes part in the same calls (the device names are gathered
+/// from all of them), checked element by element; threads are refused.
+#[test]
+fn perf_mixes_host_and_device_ranks() {
+    for op in ["all-reduce", "all-gather", "all-to-all"] {
+        let out = Command::new(BRAID)
+            .args(["perf", "--op", op, "--ranks", "3", "--device", "sim", "--mixed", "-b", "1K", "-e", "64K"])
+            .args(["-f", "8", "-n", "2", "-w", "1", "--check"])
+            .env("BRAID_TIMEOUT", "30")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{op}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("# device buffers: 0=sim:rank0 1=host 2=sim:rank2"), "{op}: {text}");
+        assert!(text.contains("# Out of bounds values : 0 OK"), "{op}: {text}");
+    }
+    let out = Command::new(BRAID)
+        .args(["perf", "--ranks", "2", "--device", "sim", "--mixed", "--transport", "inproc"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mixed needs"));
+}
+
 /// nccl-tests' short flags (`-b -e -f -n -w -c -o -d -r`) mean what they mean there.
 #[test]
 fn perf_takes_nccl_tests_short_flags() {

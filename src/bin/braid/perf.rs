@@ -66,6 +66,10 @@ pub struct PerfArgs {
     /// `cuda` (GPU `rank % count` of this host).
     #[arg(long, value_enum, default_value = "none")]
     pub device: DeviceChoice,
+    /// Odd ranks keep their buffers in host memory while even ranks use `--device`,
+    /// to check host and device ranks in one job (ranks as processes only).
+    #[arg(long)]
+    pub mixed: bool,
     /// Separate input and output buffers (default: in place).
     #[arg(long)]
     pub out_of_place: bool,
@@ -121,6 +125,10 @@ pub fn main(mut args: PerfArgs) -> i32 {
         return 2;
     }
     let transport = args.transport.to_ascii_lowercase();
+    if args.mixed && (args.device == DeviceChoice::None || transport == "inproc") {
+        eprintln!("braid perf: --mixed needs --device, and ranks as processes (not --transport inproc)");
+        return 2;
+    }
     if transport == "inproc" {
         return threads(args);
     }
@@ -179,7 +187,8 @@ fn one_rank(args: PerfArgs, mut cfg: Config) -> i32 {
     let rank = cfg.rank;
     // The device is bound to the communicator (as NCCL binds one to a GPU), so
     // ranks whose devices reach each other's memory copy from it directly.
-    let result = perf_device::open(args.device, rank).and_then(|device| {
+    let choice = if args.mixed && rank % 2 == 1 { DeviceChoice::None } else { args.device };
+    let result = perf_device::open(choice, rank).and_then(|device| {
         let mut builder = braid::CommunicatorBuilder::from_config(cfg);
         if let Some(d) = device {
             builder = builder.device(d);
@@ -558,10 +567,12 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     let mut busbw_sum = 0.0;
     let mut sizes_done = 0;
     let device = comm.device();
-    if let Some(d) = &device {
+    // Every rank asks whether any rank has a device (under --mixed some do not), so
+    // all of them call the gather below or none does.
+    if a.device != DeviceChoice::None {
         // Every rank's device, gathered so rank 0 can print them all.
         let mut mine = [0u8; 64];
-        let name = d.describe();
+        let name = device.as_ref().map_or_else(|| "host".to_string(), |d| d.describe());
         let len = name.len().min(mine.len());
         mine[..len].copy_from_slice(&name.as_bytes()[..len]);
         let mut all = vec![0u8; 64 * n];
