@@ -8,7 +8,8 @@
 #   scripts/gpu-check.sh run [--device D] there (D = cuda, the default) or here
 #                                         (D = sim, small sizes): the device unit tests,
 #                                         the GPU's device-to-device copy ceiling, then
-#                                         `braid perf --check` for every collective at 1,
+#                                         `braid perf --check` for every collective (and
+#                                         send-recv from 2 ranks) at 1,
 #                                         2, 4 and 8 ranks, as processes, as threads and
 #                                         with host and device ranks mixed, in place and
 #                                         out of place. Writes JSON lines
@@ -142,9 +143,10 @@ run() {
   fi
 
   # The matrix, smallest worlds first: every collective (the barrier once per world and
-  # mode, at no size), ranks x {processes, threads, processes with the odd ranks on the
-  # host (mixed)} x {in place, out of place}.
-  local ops=${GPU_CHECK_OPS:-"all-reduce broadcast all-gather reduce-scatter reduce all-to-all barrier"}
+  # mode, at no size) and send/recv (each rank to rank + 1, from 2 ranks, always from a
+  # send buffer into a receive buffer), ranks x {processes, threads, processes with the
+  # odd ranks on the host (mixed)} x {in place, out of place}.
+  local ops=${GPU_CHECK_OPS:-"all-reduce broadcast all-gather reduce-scatter reduce all-to-all barrier send-recv"}
   local ranks=${GPU_CHECK_RANKS:-"1 2 4 8"}
   local list=()
   for n in $ranks; do
@@ -153,6 +155,7 @@ run() {
       for place in in-place out-of-place; do
         for op in $ops; do
           [ "$op" = barrier ] && [ "$place" = out-of-place ] && continue
+          [ "$op" = send-recv ] && { [ "$n" = 1 ] || [ "$place" = in-place ]; } && continue
           list+=("$op $n $mode $place")
         done
       done

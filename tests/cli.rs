@@ -249,6 +249,40 @@ fn perf_mixes_host_and_device_ranks() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--mixed needs"));
 }
 
+/// `--op send-recv`: every rank sends to rank + 1 and receives from rank - 1, checked
+/// element by element against the sender's values, on host buffers over each
+/// transport (odd and even worlds), on simulated device buffers as processes and
+/// threads, and with host and device ranks mixed; one rank alone is refused.
+#[test]
+fn perf_checks_send_recv_on_host_device_and_mixed_ranks() {
+    let cases: [(&str, &[&str]); 7] = [
+        ("2", &["--transport", "tcp"]),
+        ("3", &["--transport", "shm"]),
+        ("4", &["--transport", "inproc"]),
+        ("3", &["--device", "sim"]),
+        ("4", &["--device", "sim", "--transport", "inproc"]),
+        ("3", &["--device", "sim", "--mixed"]),
+        ("2", &["--device", "sim", "--mixed", "--registered"]),
+    ];
+    for (ranks, extra) in cases {
+        let out = Command::new(BRAID)
+            .args(["perf", "--op", "send-recv", "--ranks", ranks, "-b", "1K", "-e", "3M", "-f", "40", "-n", "2"])
+            .args(["-w", "1", "-d", "i32", "--check"])
+            .args(extra)
+            .env("BRAID_TIMEOUT", "30")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{ranks} {extra:?}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("# braid perf: send-recv world="), "{ranks} {extra:?}: {text}");
+        assert!(text.contains("# Out of bounds values : 0 OK"), "{ranks} {extra:?}: {text}");
+        assert_eq!(text.lines().filter(|l| l.starts_with("  ") && l.ends_with("p2p")).count(), 3, "{text}");
+    }
+    let out = Command::new(BRAID).args(["perf", "--op", "send-recv", "--ranks", "1"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("send-recv needs at least 2 ranks"));
+}
+
 /// nccl-tests' short flags (`-b -e -f -n -w -c -o -d -r`) mean what they mean there.
 #[test]
 fn perf_takes_nccl_tests_short_flags() {

@@ -20,7 +20,9 @@ use crate::plot;
 /// -d -r`), so its command lines port as they are.
 #[derive(Args, Debug, Clone)]
 pub struct PerfArgs {
-    /// Collective to measure.
+    /// Collective to measure, or `send-recv`: each rank sends the size to rank + 1 and
+    /// receives it from rank - 1 (even ranks send first), from a send buffer into a
+    /// separate receive buffer; busbw is the bytes one rank sends over the time.
     #[arg(long, default_value = "all-reduce", value_parser = parse_op)]
     pub op: OpKind,
     /// Ranks to launch locally when not already running under a launcher.
@@ -100,15 +102,31 @@ fn parse_switch(s: &str) -> Result<bool, String> {
     }
 }
 
+/// `send-recv` (also `sendrecv`, `send`, `recv`) is [`OpKind::Send`]: the point-to-point
+/// sweep; anything else names a collective.
 pub fn parse_op(s: &str) -> Result<OpKind, String> {
-    let op: OpKind = s.parse()?;
-    if matches!(op, OpKind::Send | OpKind::Recv) {
-        return Err("perf measures collectives; send/recv are not one".into());
+    if matches!(s.to_ascii_lowercase().as_str(), "send-recv" | "sendrecv" | "send_recv") {
+        return Ok(OpKind::Send);
     }
-    Ok(op)
+    let op: OpKind = s.parse()?;
+    Ok(if op == OpKind::Recv { OpKind::Send } else { op })
+}
+
+/// The op as `braid perf` prints it.
+fn op_label(op: OpKind) -> &'static str {
+    if op == OpKind::Send {
+        "send-recv"
+    } else {
+        op.name()
+    }
 }
 
 pub fn main(mut args: PerfArgs) -> i32 {
+    // A rank's send and receive buffers are always apart: a receive in place would
+    // overwrite what an odd rank (which receives first) has yet to send.
+    if args.op == OpKind::Send {
+        args.out_of_place = true;
+    }
     if args.transport.eq_ignore_ascii_case("cuda") {
         if args.device == DeviceChoice::Sim {
             eprintln!("braid perf: --transport cuda puts the buffers on GPUs; it does not go with --device sim");
@@ -383,11 +401,32 @@ fn prepare(a: &PerfArgs, c: &mut Case) -> braid::Result<()> {
 
 /// One timed iteration.
 fn run(comm: &Communicator, a: &PerfArgs, c: &mut Case) -> braid::Result<()> {
+    if a.op == OpKind::Send {
+        return send_recv(comm, a.dtype, c);
+    }
     match &mut c.dev {
         Some(d) => comm.collective_device(c.sig, a.out_of_place.then_some(&d.input), &mut d.output),
         None if a.out_of_place => comm.collective_bytes(c.sig, Some(&c.input), &mut c.output),
         None => comm.collective_bytes(c.sig, None, &mut c.output),
     }
+}
+
+/// One iteration of `send-recv`: to rank + 1, from rank - 1. Even ranks send first and
+/// odd ranks receive first, so a blocking send always meets a posted receive (with an
+/// odd world the last rank and rank 0 both send first, and the chain still resolves
+/// from rank 1).
+fn send_recv(comm: &Communicator, dt: DType, c: &mut Case) -> braid::Result<()> {
+    let (n, r) = (comm.world_size(), comm.rank());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    for step in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
+        match (&mut c.dev, step) {
+            (Some(d), 0) => comm.send_device(&d.input, dt, next)?,
+            (Some(d), _) => comm.recv_device(&mut d.output, dt, prev)?,
+            (None, 0) => comm.send_bytes(&c.input, dt, next)?,
+            (None, _) => comm.recv_bytes(&mut c.output, dt, prev)?,
+        }
+    }
+    Ok(())
 }
 
 /// This rank's input values for the case, written into `target`.
@@ -434,7 +473,8 @@ fn check_host(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
             let (j, i) = (k / count.max(1), k % count.max(1));
             encode(dt, ((j * 3 + r + i) % 5 + 1) as i64, b)
         }),
-        OpKind::Send | OpKind::Recv => 0,
+        OpKind::Send => count_wrong(dt, &c.output, |i, b| encode(dt, value(rop, (r + n - 1) % n, i), b)),
+        OpKind::Recv => 0,
     }
 }
 
@@ -494,6 +534,9 @@ const ROTATION_PASSES: usize = 5;
 /// Run the sweep on this rank; rank 0 prints. Returns the total of wrong elements.
 fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     let (n, rank) = (comm.world_size(), comm.rank());
+    if a.op == OpKind::Send && n < 2 {
+        return Err(braid::Error::InvalidArgument("send-recv needs at least 2 ranks".into()));
+    }
     if a.root >= n {
         return Err(braid::Error::InvalidArgument(format!("--root {} is not below --ranks {n}", a.root)));
     }
@@ -544,7 +587,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     if rank == 0 {
         println!(
             "# braid perf: {} world={n} dtype={} redop={} root={} {}",
-            a.op,
+            op_label(a.op),
             a.dtype,
             a.reduce_op,
             a.root,
@@ -629,7 +672,11 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
                     comm.set_algorithm(*forced);
                 }
                 if pass == 0 {
-                    let picked = comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?");
+                    let picked = if a.op == OpKind::Send {
+                        "p2p"
+                    } else {
+                        comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?")
+                    };
                     let label =
                         if rotating && forced.is_none() { format!("auto:{picked}") } else { picked.to_string() };
                     rows.push((label, Vec::with_capacity(iters), None));
@@ -679,7 +726,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
                 );
                 let _ = std::io::stdout().flush();
                 let line = serde_json::json!({
-                    "op": a.op.name(), "bytes": c.bytes, "count": c.sig.count, "dtype": a.dtype.name(),
+                    "op": op_label(a.op), "bytes": c.bytes, "count": c.sig.count, "dtype": a.dtype.name(),
                     "ranks": n, "transport": transport_name, "algo": algo, "time_us": t * 1e6,
                     "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
                 });
