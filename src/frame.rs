@@ -26,7 +26,7 @@ pub const HEADER_LEN: usize = 40;
 pub const VERSION: u8 = 3;
 /// Data and rendezvous payloads are padded to a multiple of this many bytes.
 pub const PAYLOAD_ALIGN: usize = 8;
-const _: () = assert!(HEADER_LEN % PAYLOAD_ALIGN == 0);
+const _: () = assert!(HEADER_LEN.is_multiple_of(PAYLOAD_ALIGN));
 
 /// Zero bytes that follow a payload of `len` bytes in a frame of `kind`.
 pub const fn padding(kind: FrameKind, len: usize) -> usize {

@@ -404,7 +404,7 @@ impl Checker<'_> {
     }
 
     fn check_region(&self, rank: usize, r: &Region) -> Result<(), String> {
-        if r.offset % self.es != 0 || r.len % self.es != 0 {
+        if !r.offset.is_multiple_of(self.es) || !r.len.is_multiple_of(self.es) {
             return Err(format!("{r:?} is not aligned to {}-byte elements", self.es));
         }
         let size = self.size(rank, r.buf);

@@ -102,7 +102,7 @@ fn lowbit(p: usize) -> usize {
 fn position(t: usize, n: usize, rank: usize) -> usize {
     match t {
         0 => rank + 1,
-        _ if n % 2 == 0 => n - rank,
+        _ if n.is_multiple_of(2) => n - rank,
         _ => (rank + n - 1) % n + 1,
     }
 }
@@ -111,7 +111,7 @@ fn position(t: usize, n: usize, rank: usize) -> usize {
 fn rank_at(t: usize, n: usize, p: usize) -> usize {
     match t {
         0 => p - 1,
-        _ if n % 2 == 0 => n - p,
+        _ if n.is_multiple_of(2) => n - p,
         _ => p % n,
     }
 }

@@ -102,7 +102,7 @@ pub fn all_reduce_doubling(req: &PlanRequest<'_>) -> Schedule {
         return b.finish(Algorithm::Doubling, 0, vec![output]);
     };
     // Where the partial lives before doubling round `k` (`k == levels`: the result).
-    let at = |k: usize| if (levels - k) % 2 == 0 { output } else { scratch };
+    let at = |k: usize| if (levels - k).is_multiple_of(2) { output } else { scratch };
     let mut cur = at(0);
     if v < f.r {
         b.recv_reduce(0, rank - 1, input, at(0));
@@ -318,7 +318,7 @@ mod tests {
                     assert_eq!((p[0][0], p[rounds + 1][0]), (rank + 1, rank + 1), "n={n} rank {rank}");
                 }
                 Some(v) => {
-                    let folded = |q: &usize| *q < 2 * f.r && q % 2 == 0;
+                    let folded = |q: &usize| *q < 2 * f.r && q.is_multiple_of(2);
                     let outer: Vec<usize> = [0, rounds + 1].into_iter().filter(|&t| t < p.len()).collect();
                     assert!(
                         (1..=rounds).all(|t| !p[t].iter().any(folded)),

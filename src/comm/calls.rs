@@ -37,7 +37,7 @@ impl Core {
     }
 
     pub(super) fn block(&self, len: usize) -> Result<usize> {
-        if len % self.world != 0 {
+        if !len.is_multiple_of(self.world) {
             return Err(self.arg(format!("buffer of {len} elements does not split into {} equal blocks", self.world)));
         }
         Ok(len / self.world)

@@ -61,7 +61,7 @@ impl Communicator {
     }
 
     fn elements(&self, bytes: usize, dtype: DType, what: &str) -> Result<u64> {
-        if bytes % dtype.size() != 0 {
+        if !bytes.is_multiple_of(dtype.size()) {
             return Err(Error::InvalidArgument(format!(
                 "rank {}: {what}: a device buffer of {bytes} bytes is not a whole number of {dtype}",
                 self.rank()

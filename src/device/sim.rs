@@ -454,14 +454,14 @@ impl Device for SimDevice {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if len % dtype.size() != 0 {
+        if !len.is_multiple_of(dtype.size()) {
             return Err(Error::InvalidArgument(format!("{}: reduce of {len} bytes of {dtype}", self.name)));
         }
         self.enqueue(&[(dst, len), (a, len), (b, len)], Op::Reduce { dst, a, b, len, dtype, op })
     }
 
     unsafe fn finalize(&self, buf: DevicePtr, len: usize, dtype: DType, op: ReduceOp, world: usize) -> Result<()> {
-        if len % dtype.size() != 0 || world == 0 {
+        if !len.is_multiple_of(dtype.size()) || world == 0 {
             return Err(Error::InvalidArgument(format!(
                 "{}: finalize of {len} bytes of {dtype} over {world}",
                 self.name

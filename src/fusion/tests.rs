@@ -52,7 +52,7 @@ fn mixed_round_trip(rank: usize, world: usize, fuser: &Fuser, tensors: usize, st
     }
     let mut handles = Vec::new();
     for t in 0..tensors {
-        if stagger && (t + rank) % 5 == 0 {
+        if stagger && (t + rank).is_multiple_of(5) {
             std::thread::sleep(Duration::from_micros(300 * (rank as u64 + 1)));
         }
         let n = len(t);

@@ -233,7 +233,7 @@ const BLOCK: usize = 4096;
 struct Block([u8; BLOCK]);
 
 fn aligned<T>(s: &[u8]) -> bool {
-    s.as_ptr() as usize % std::mem::align_of::<T>() == 0
+    (s.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
 }
 
 fn run2<T: Pod>(k: K2<T>, acc: &mut [u8], inc: &[u8]) {

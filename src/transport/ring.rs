@@ -128,7 +128,7 @@ impl View {
     /// `mem` must stay valid for `len` bytes while `keep` lives, be 128-aligned,
     /// and hold a region set up by [`init`] (possibly by another process).
     unsafe fn attach(mem: NonNull<u8>, len: usize, keep: Arc<dyn Send + Sync>) -> io::Result<View> {
-        if len < RING_HEADER_BYTES || mem.as_ptr() as usize % RING_ALIGN != 0 {
+        if len < RING_HEADER_BYTES || !(mem.as_ptr() as usize).is_multiple_of(RING_ALIGN) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "ring region too small or misaligned"));
         }
         let hdr = mem.cast::<RingHeader>();

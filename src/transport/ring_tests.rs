@@ -304,7 +304,7 @@ fn threads_streaming_messages_of_any_size_through_rewinds_and_wraps() {
             next += len as u64;
             // Now and then let the reader drain the ring, so the next write
             // finds it empty and rewinds while the reader is still busy.
-            if seed % 4 == 0 {
+            if seed.is_multiple_of(4) {
                 while w.free() < 48 << 10 {
                     std::thread::yield_now();
                 }
@@ -317,7 +317,7 @@ fn threads_streaming_messages_of_any_size_through_rewinds_and_wraps() {
     let mut step = 1usize;
     while got < TOTAL {
         step = step % 4999 + 1;
-        let n = if step % 3 == 0 {
+        let n = if step.is_multiple_of(3) {
             let seen = r.peek(step).unwrap();
             let n = seen.len();
             out[..n].copy_from_slice(seen);

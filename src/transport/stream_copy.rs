@@ -41,7 +41,7 @@ const TIME_EVERY: u32 = 8;
 const TIME_EVERY_SMALL: u32 = 32;
 /// Calls below this many bytes per rank are timed one in [`TIME_EVERY_SMALL`].
 const SMALL_CALL_BYTES: usize = 256 << 10;
-const _: () = assert!(EXPLORE_EVERY % TIME_EVERY == 0 && EXPLORE_EVERY % TIME_EVERY_SMALL == 0);
+const _: () = assert!(EXPLORE_EVERY.is_multiple_of(TIME_EVERY) && EXPLORE_EVERY.is_multiple_of(TIME_EVERY_SMALL));
 /// Samples kept per kind and size class; a kind's rate is the best of them, since
 /// noise on a shared machine only ever slows a call down.
 const SAMPLES: usize = 3;
@@ -172,11 +172,11 @@ impl CallTuner {
             n % 2 == 1
         } else {
             let [plain, streaming] = self.best(class);
-            (streaming > plain) != (n % EXPLORE_EVERY == 0)
+            (streaming > plain) != n.is_multiple_of(EXPLORE_EVERY)
         };
         self.switch.set(streamed);
         let every = if bytes < SMALL_CALL_BYTES { TIME_EVERY_SMALL } else { TIME_EVERY };
-        (sampling || n % every == 0).then(|| Timed { class, streamed, bytes, started: Instant::now() })
+        (sampling || n.is_multiple_of(every)).then(|| Timed { class, streamed, bytes, started: Instant::now() })
     }
 
     /// How long after its own work a timed call may wait for its peers to read

@@ -328,7 +328,7 @@ mod tests {
             if tag.starts_with('?') || tag.starts_with('!') {
                 continue;
             }
-            if tag.matches('"').count() % 2 != 0 || tag.contains('<') {
+            if !tag.matches('"').count().is_multiple_of(2) || tag.contains('<') {
                 return Err(format!("bad attributes in <{tag}>"));
             }
             if let Some(name) = tag.strip_prefix('/') {

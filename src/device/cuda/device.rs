@@ -168,7 +168,7 @@ impl CudaDevice {
 
     fn check_elements(&self, what: &str, ptrs: &[DevicePtr], len: usize, dtype: DType) -> Result<u64> {
         let size = dtype.size();
-        if len % size != 0 {
+        if !len.is_multiple_of(size) {
             return Err(Error::InvalidArgument(format!(
                 "{}: {what} of {len} bytes is not a whole number of {dtype} elements",
                 self.name

@@ -102,7 +102,7 @@ impl RingSpec {
         if !(1..=256).contains(&self.slots) {
             return Err(format!("{} ring slots (1 to 256 fit the immediate value)", self.slots));
         }
-        if self.payload_bytes == 0 || self.payload_bytes % 8 != 0 || self.payload_bytes > SEGMENT_BYTES {
+        if self.payload_bytes == 0 || !self.payload_bytes.is_multiple_of(8) || self.payload_bytes > SEGMENT_BYTES {
             return Err(format!(
                 "slot payload of {} bytes (a multiple of 8, at most {SEGMENT_BYTES})",
                 self.payload_bytes

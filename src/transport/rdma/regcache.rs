@@ -196,7 +196,7 @@ mod tests {
     impl Registrar for Fake {
         type Mr = (u32, usize, usize);
         fn register(&mut self, addr: usize, len: usize) -> Result<Self::Mr, String> {
-            if addr % PAGE != 0 || len % PAGE != 0 {
+            if !addr.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
                 return Err("unaligned".into());
             }
             self.next += 1;
