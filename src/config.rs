@@ -3,7 +3,7 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK`, `BRAID_LOCAL_WORLD_SIZE` | who this process is (`braid run` sets them) |
-//! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT` or `file:///PATH` |
+//! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT`, `file:///PATH` or (feature `redis`) `redis://[USER:PASS@]HOST[:PORT][/DB][?prefix=P&ttl=T]` |
 //! | `BRAID_ALGO` | algorithms each collective may use, NCCL's syntax: `ring,tree`, `allreduce:ring;broadcast:chain`, `^tree`, or `auto` (default: the tuner picks among all) |
 //! | `BRAID_DETERMINISTIC` | `1`: reproducible mode, reducing collectives fold each element in rank order (bitwise-identical results whatever the algorithm, chunk size or host split) |
 //! | `BRAID_TUNER_PROBE` | `0`: the tuner keeps its built-in link costs instead of measuring them at start-up |

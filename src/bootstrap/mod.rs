@@ -5,6 +5,8 @@
 mod file_store;
 mod mem_store;
 mod prefix_store;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod store;
 mod tcp_store;
 pub(crate) mod tf_config;
@@ -12,5 +14,7 @@ pub(crate) mod tf_config;
 pub use file_store::FileStore;
 pub use mem_store::MemStore;
 pub use prefix_store::PrefixStore;
-pub use store::{connect_store, Store};
+#[cfg(feature = "redis")]
+pub use redis_store::RedisStore;
+pub use store::{connect_store, redact_store_url, Store};
 pub use tcp_store::{StoreLimits, TcpStore, TcpStoreServer};

@@ -30,7 +30,8 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// Open the store named by a URL: `tcp://HOST:PORT` or `file:///PATH`.
+/// Open the store named by a URL: `tcp://HOST:PORT`, `file:///PATH` or (feature
+/// `redis`) `redis://…` ([`crate::bootstrap::RedisStore`]).
 ///
 /// For `tcp://`, when `host_if_absent` is true (rank 0) and nothing listens at the
 /// address yet, a server is started in this process and kept alive as long as the
@@ -48,7 +49,65 @@ pub fn connect_store(
         Ok(Arc::new(crate::bootstrap::TcpStore::connect_or_host(addr, host_if_absent, world_size, key, timeout)?))
     } else if let Some(path) = url.strip_prefix("file://") {
         Ok(Arc::new(crate::bootstrap::FileStore::open(path)?))
+    } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+        connect_redis(url, timeout)
     } else {
+        let url = redact_store_url(url);
         Err(Error::Config(format!("unsupported store URL `{url}` (expected tcp://HOST:PORT or file:///PATH)")))
+    }
+}
+
+#[cfg(feature = "redis")]
+fn connect_redis(url: &str, timeout: Duration) -> Result<Arc<dyn Store>> {
+    Ok(Arc::new(crate::bootstrap::RedisStore::connect(url, timeout)?))
+}
+
+#[cfg(not(feature = "redis"))]
+fn connect_redis(url: &str, _timeout: Duration) -> Result<Arc<dyn Store>> {
+    Err(Error::Config(format!(
+        "store `{}` needs braid built with the `redis` feature (the braid command has it)",
+        redact_store_url(url)
+    )))
+}
+
+/// `url` with the password of its `USER:PASSWORD@` part (if any) replaced by
+/// `***`, for logs and error messages.
+pub fn redact_store_url(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_owned() };
+    let end = url[start..].find(['/', '?', '#']).map_or(url.len(), |i| start + i);
+    // The last `@` ends the credentials: a password may hold an unescaped `@`.
+    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else { return url.to_owned() };
+    match url[start..at].find(':') {
+        Some(colon) => format!("{}***{}", &url[..start + colon + 1], &url[at..]),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls_are_shown_without_their_password() {
+        for (url, shown) in [
+            ("redis://u:hunter2@h:1/0?prefix=a", "redis://u:***@h:1/0?prefix=a"),
+            ("redis://:hunter2@h", "redis://:***@h"),
+            ("redis://u:hun@ter2@h/?p=x@y", "redis://u:***@h/?p=x@y"),
+            ("redis://user@h", "redis://user@h"),
+            ("tcp://h:1", "tcp://h:1"),
+            ("file:///tmp/a:b@c", "file:///tmp/a:b@c"),
+            ("no scheme:pw@h", "no scheme:pw@h"),
+        ] {
+            assert_eq!(redact_store_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn an_unsupported_url_is_refused_without_its_password() {
+        let err = connect_store("etcd://u:hunter2@h:2379", false, 1, JobKey::none(), Duration::from_secs(1))
+            .err()
+            .expect("etcd is not a store braid speaks");
+        let msg = err.to_string();
+        assert!(msg.contains("etcd://u:***@h:2379") && !msg.contains("hunter2"), "{msg}");
     }
 }

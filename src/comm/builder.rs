@@ -192,7 +192,7 @@ impl StoreIdent {
     fn label(&self) -> String {
         match self {
             StoreIdent::Object(w) => format!("{:p} (passed to the builder)", w.as_ptr() as *const ()),
-            StoreIdent::Url(u) => u.clone(),
+            StoreIdent::Url(u) => crate::bootstrap::redact_store_url(u),
         }
     }
 }
@@ -236,7 +236,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &[u8]) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     text.chunks(2).map(|p| std::str::from_utf8(p).ok().and_then(|s| u8::from_str_radix(s, 16).ok())).collect()
