@@ -69,7 +69,7 @@ impl RedisServer {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 return Err(format!("redis-server on port {} exited: {status}", self.port));
             }
-            if self.try_command(&["PING"]).is_ok_and(|r| r == "+PONG") {
+            if self.try_command(0, &["PING"]).is_ok_and(|r| r == "+PONG") {
                 return Ok(());
             }
             if t0.elapsed() > START_TIMEOUT {
@@ -84,21 +84,34 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/{rest}", self.port)
     }
 
-    /// Send one command; its reply's first line (`+OK`, `:42`, `$-1`, `-ERR …`).
+    /// Send one command (in database 0); its reply's first line (`+OK`, `:42`,
+    /// `$-1`, `-ERR …`).
     pub fn command(&self, args: &[&str]) -> String {
-        self.try_command(args).unwrap_or_else(|e| panic!("redis command {args:?}: {e}"))
+        self.command_in(0, args)
     }
 
-    fn try_command(&self, args: &[&str]) -> std::io::Result<String> {
+    /// Send one command in database `db`; its reply's first line.
+    pub fn command_in(&self, db: u32, args: &[&str]) -> String {
+        self.try_command(db, args).unwrap_or_else(|e| panic!("redis command {args:?}: {e}"))
+    }
+
+    fn try_command(&self, db: u32, args: &[&str]) -> std::io::Result<String> {
         let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], self.port).into(), Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req += &format!("${}\r\n{a}\r\n", a.len());
+        let db = db.to_string();
+        let mut req = String::new();
+        for cmd in [&["SELECT", db.as_str()][..], args] {
+            req += &format!("*{}\r\n", cmd.len());
+            for a in cmd {
+                req += &format!("${}\r\n{a}\r\n", a.len());
+            }
         }
         s.write_all(req.as_bytes())?;
+        let mut reader = BufReader::new(s);
         let mut line = String::new();
-        BufReader::new(s).read_line(&mut line)?;
+        reader.read_line(&mut line)?; // SELECT's +OK
+        line.clear();
+        reader.read_line(&mut line)?;
         Ok(line.trim_end().to_owned())
     }
 
