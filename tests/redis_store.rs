@@ -154,3 +154,32 @@ fn credentials_go_to_redis_acls_and_never_into_messages() {
     assert!(t0.elapsed() < timeout / 2, "refused only after {:?}", t0.elapsed());
     assert!(!msg.contains(password) && msg.contains("alice:***@"), "{msg}");
 }
+
+#[test]
+fn a_wedged_server_gives_an_error_within_the_command_timeout() {
+    let Some(server) = RedisServer::start() else { return };
+    let timeout = Duration::from_millis(500);
+    let store = RedisStore::connect(&server.url("?prefix=j"), timeout).unwrap();
+    store.set("k", b"v").unwrap();
+    // Stopped, the server still holds its connections open but answers nothing.
+    server.signal(libc::SIGSTOP);
+    let calls = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let get = store.get("k");
+        let wait = store.wait(&["absent"], Duration::from_secs(30));
+        (get, wait, t0.elapsed())
+    });
+    // Resume the server after a bound either way, so a client that hangs fails
+    // the test instead of hanging it.
+    let t0 = Instant::now();
+    while !calls.is_finished() && t0.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.signal(libc::SIGCONT);
+    let (get, wait, took) = calls.join().unwrap();
+    assert!(took < Duration::from_secs(15), "two calls took {took:?} with a 500 ms command timeout");
+    let get = get.expect_err("a get from a stopped server must fail").to_string();
+    assert!(get.contains("no reply within 500ms"), "{get}");
+    let wait = wait.expect_err("a wait on a stopped server must fail").to_string();
+    assert!(wait.contains("EXISTS"), "{wait}");
+}

@@ -115,6 +115,13 @@ impl RedisServer {
         Ok(line.trim_end().to_owned())
     }
 
+    /// Send `signal` to the server (SIGSTOP to wedge it, SIGCONT to resume it).
+    pub fn signal(&self, signal: i32) {
+        let pid = self.child.as_ref().expect("the server runs").id() as i32;
+        // SAFETY: kill(2) on our own child, which has not been reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to redis-server");
+    }
+
     /// SIGKILL the server and reap it.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
