@@ -2,6 +2,8 @@
 //! are threads, over the in-process transport or over real TCP sockets.
 #![allow(dead_code)]
 
+pub mod hosts;
+
 use std::sync::Arc;
 use std::time::Duration;
 
