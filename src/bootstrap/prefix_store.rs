@@ -67,6 +67,10 @@ impl Store for PrefixStore {
     fn delete(&self, key: &str) -> Result<bool> {
         self.inner.delete(&self.full_key(key))
     }
+
+    fn route_source(&self) -> Option<std::net::IpAddr> {
+        self.inner.route_source()
+    }
 }
 
 #[cfg(test)]

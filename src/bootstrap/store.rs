@@ -23,6 +23,13 @@ pub trait Store: Send + Sync {
     /// Remove `key`; returns whether it existed.
     fn delete(&self, key: &str) -> Result<bool>;
 
+    /// This process's address on its route to the store's server, when the store is
+    /// reached over IP: TCP links listen there by default, since the hosts that reach
+    /// the store reach it. None (the default) for stores without one.
+    fn route_source(&self) -> Option<std::net::IpAddr> {
+        None
+    }
+
     /// Wait for `key` and return its value.
     fn wait_get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         self.wait(&[key], timeout)?;

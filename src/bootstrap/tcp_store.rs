@@ -42,18 +42,20 @@
 //! timeout is never retried: the request may be in progress.
 
 mod admit;
+mod resolve;
 mod server;
 mod wire;
 
 use std::io::{self, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, JobKey, PROOF_LEN};
 use crate::bootstrap::Store;
 use crate::error::{Error, Result};
-use server::bind_listener;
+use resolve::{resolve_within, Hosting};
+use server::bind_wildcard;
 pub use server::{StoreLimits, TcpStoreServer};
 use wire::*;
 
@@ -67,6 +69,9 @@ const _: () = assert!(MAX_IDLE_CONNS < StoreLimits::CONNS_PER_RANK);
 /// First and longest pause before trying again a server at its connection cap.
 const FULL_FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const FULL_MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// Longest wait for the resolver when rank 0 decides whether to host, and when the
+/// hosting rank looks up the route to its own address.
+const HOSTING_RESOLVE_LIMIT: Duration = Duration::from_secs(5);
 
 /// A client of a [`TcpStoreServer`]; `Send + Sync`, share it in an `Arc`.
 ///
@@ -80,6 +85,8 @@ pub struct TcpStore {
     addr: String,
     /// The resolved address that answered; new pool connections go there.
     peer: SocketAddr,
+    /// This end's address on the first connection (a client's route to the server).
+    local: Option<IpAddr>,
     key: JobKey,
     /// Deadline of a connect, a handshake and a round trip (`BRAID_TIMEOUT`).
     timeout: Duration,
@@ -98,7 +105,9 @@ impl TcpStore {
         let timeout = timeout.max(Duration::from_millis(1));
         let deadline = Instant::now() + timeout;
         let (stream, peer) = connect_retry(addr, timeout)?;
-        let store = TcpStore { addr: addr.to_owned(), peer, key, timeout, idle: Mutex::new(Vec::new()), server: None };
+        let local = stream.local_addr().ok().map(|a| a.ip());
+        let store =
+            TcpStore { addr: addr.to_owned(), peer, local, key, timeout, idle: Mutex::new(Vec::new()), server: None };
         let stream = match store.handshake(&stream) {
             Ok(()) => stream,
             Err(Handshake::Full) => store.open_until("connect", deadline)?,
@@ -108,11 +117,16 @@ impl TcpStore {
         Ok(store)
     }
 
-    /// When `host_if_absent`, host the server at `addr` in this process if the port
-    /// is free (the server then lives as long as the returned client, serves
-    /// clients proving `key`, and has room for `world_size` ranks:
-    /// [`StoreLimits::for_world`]), and connect as a plain client if it is taken or
-    /// the address is not local. Otherwise connect.
+    /// When `host_if_absent`, host the server for `addr` in this process if the port
+    /// is free here, as torch's TCPStore master does: on the wildcard address
+    /// (dual-stack `[::]`, else `0.0.0.0`) at `addr`'s port, whatever `HOST` resolves
+    /// to here, so a name that maps to loopback on this host (a hostname on
+    /// 127.0.1.1) or that resolves only later (a Kubernetes service) still gives a
+    /// server every host reaches. The server then lives as long as the returned
+    /// client, serves clients proving `key`, and has room for `world_size` ranks
+    /// ([`StoreLimits::for_world`]). It connects as a plain client instead when the
+    /// port is taken here, or when `HOST` resolves only to other hosts' addresses
+    /// (a server run elsewhere). Otherwise, and without `host_if_absent`, connect.
     pub fn connect_or_host(
         addr: &str,
         host_if_absent: bool,
@@ -121,20 +135,31 @@ impl TcpStore {
         timeout: Duration,
     ) -> Result<TcpStore> {
         if host_if_absent {
-            match bind_listener(addr) {
-                Ok(listener) => {
-                    let server = TcpStoreServer::serve(listener, key.clone(), StoreLimits::for_world(world_size))?;
-                    let target = connectable(server.local_addr());
-                    let mut store = TcpStore::connect(&target.to_string(), key, timeout)?;
-                    tracing::info!(addr, local_addr = %server.local_addr(), "hosting the tcp store");
-                    store.addr = addr.to_owned();
-                    store.server = Some(server);
-                    return Ok(store);
+            let (host, port) = resolve::split_host_port(addr)?;
+            match resolve::hosting(addr, host, timeout.min(HOSTING_RESOLVE_LIMIT)) {
+                Hosting::Elsewhere(resolved) => {
+                    tracing::debug!(addr, ?resolved, "not hosting the tcp store: `{host}` is another host; connecting");
                 }
-                Err(e) if matches!(e.kind(), io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable) => {
-                    tracing::debug!(addr, "not hosting the tcp store ({e}); connecting as a client");
-                }
-                Err(e) => return Err(Error::io(format!("hosting the tcp store at {addr}"), e)),
+                Hosting::Here(why) => match bind_wildcard(port) {
+                    Ok(listener) => {
+                        let server = TcpStoreServer::serve(listener, key.clone(), StoreLimits::for_world(world_size))?;
+                        let target = connectable(server.local_addr());
+                        let mut store = TcpStore::connect(&target.to_string(), key, timeout)?;
+                        tracing::info!(addr, local_addr = %server.local_addr(), "hosting the tcp store: {why}");
+                        store.addr = addr.to_owned();
+                        // Its own connection is over loopback: the route to the store
+                        // is looked up when asked for (see `Store::route_source`).
+                        store.local = None;
+                        store.server = Some(server);
+                        return Ok(store);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                        tracing::debug!(addr, "not hosting the tcp store: port {port} is taken here ({e}); connecting");
+                    }
+                    Err(e) => {
+                        return Err(Error::io(format!("hosting the tcp store for {addr} on port {port} ({why})"), e))
+                    }
+                },
             }
         }
         TcpStore::connect(addr, key, timeout)
@@ -282,25 +307,29 @@ fn connectable(local: SocketAddr) -> SocketAddr {
     }
 }
 
+/// Connect to `addr`, retrying name resolution (a name may resolve only once the
+/// cluster's DNS knows it) and refused or unanswered connects (the server may not be
+/// up yet) with backoff until `timeout`.
 fn connect_retry(addr: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
+    let (host, _) = resolve::split_host_port(addr)?;
     let deadline = Instant::now() + timeout;
     let mut backoff = Duration::from_millis(10);
     let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
+    let mut resolved_once = false;
     loop {
-        match addr.to_socket_addrs() {
-            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                return Err(Error::Config(format!("tcp store address `{addr}` is not HOST:PORT: {e}")));
-            }
-            // Name resolution may fail while the cluster's DNS is still settling: retry.
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        match resolve_within(addr, left) {
             Err(e) => last = e,
             Ok(addrs) => {
+                resolved_once |= !addrs.is_empty();
                 for sa in addrs {
                     let left = deadline.saturating_duration_since(Instant::now());
                     let attempt = left.clamp(Duration::from_millis(1), Duration::from_secs(5));
                     match TcpStream::connect_timeout(&sa, attempt) {
                         Ok(s) => {
                             let _ = s.set_nodelay(true);
-                            tracing::debug!(addr, %sa, "connected to the tcp store");
+                            let local = s.local_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+                            tracing::debug!(addr, %sa, local, "connected to the tcp store");
                             return Ok((s, sa));
                         }
                         Err(e) => last = e,
@@ -310,7 +339,15 @@ fn connect_retry(addr: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(Error::io(format!("connecting to the tcp store at {addr} (gave up after {timeout:?})"), last));
+            let why = if resolved_once {
+                "nothing answered there: is rank 0 (which hosts it) running, and the port open?"
+            } else {
+                "the name never resolved here: check MASTER_ADDR or BRAID_STORE, and this host's DNS"
+            };
+            return Err(Error::io(
+                format!("connecting to the tcp store at {addr} (host `{host}`; gave up after {timeout:?}: {why})"),
+                last,
+            ));
         }
         std::thread::sleep(backoff.min(deadline - now));
         backoff = (backoff * 2).min(Duration::from_millis(200));
@@ -440,6 +477,17 @@ impl Store for TcpStore {
             },
             (st, body) => Err(self.error(&what, unexpected(st, &body))),
         }
+    }
+
+    /// A client's: the local address of its connection. The hosting rank's own
+    /// connection is over loopback, so it looks up the route to the address `HOST`
+    /// resolves to now (None when it does not resolve yet).
+    fn route_source(&self) -> Option<IpAddr> {
+        if self.local.is_some() {
+            return self.local;
+        }
+        let resolved = resolve_within(&self.addr, HOSTING_RESOLVE_LIMIT.min(self.timeout)).ok()?;
+        resolve::route_source(&resolved)
     }
 
     fn delete(&self, key: &str) -> Result<bool> {

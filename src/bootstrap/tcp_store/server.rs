@@ -313,7 +313,7 @@ fn raise_fd_limit(needed: usize) {
     }
 }
 
-pub(super) fn bind_listener(addr: &str) -> io::Result<TcpListener> {
+fn bind_listener(addr: &str) -> io::Result<TcpListener> {
     let mut last = io::Error::new(io::ErrorKind::AddrNotAvailable, "address resolved to nothing");
     for sa in addr.to_socket_addrs()? {
         match bind_one(sa) {
@@ -327,9 +327,31 @@ pub(super) fn bind_listener(addr: &str) -> io::Result<TcpListener> {
     Err(last)
 }
 
+/// Listen on every address of this host at `port`, as torch's TCPStore master does:
+/// dual-stack `[::]` (IPv4 clients arrive as mapped addresses), or `0.0.0.0` where
+/// IPv6 is off. A port already taken fails with `AddrInUse` in either family.
+pub(super) fn bind_wildcard(port: u16) -> io::Result<TcpListener> {
+    match bind_socket(SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)), Some(false)) {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(e),
+        Err(e) => {
+            tracing::debug!(port, "tcp store: cannot listen on [::] ({e}); listening on 0.0.0.0");
+            bind_one(SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)))
+        }
+    }
+}
+
 fn bind_one(sa: SocketAddr) -> io::Result<TcpListener> {
+    bind_socket(sa, None)
+}
+
+/// Bind and listen on `sa`; `only_v6` sets IPV6_V6ONLY on an IPv6 socket.
+fn bind_socket(sa: SocketAddr, only_v6: Option<bool>) -> io::Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+    if let Some(v6) = only_v6 {
+        sock.set_only_v6(v6)?;
+    }
     // A restarted job must be able to take the port while the last one's sockets sit in TIME_WAIT.
     sock.set_reuse_address(true)?;
     sock.bind(&sa.into())?;

@@ -6,6 +6,7 @@ use std::net::TcpListener;
 use std::sync::{Arc, Barrier};
 
 mod admission;
+mod hosting;
 
 const KEY: &str = "store-test-job-key";
 
