@@ -9,7 +9,8 @@
 //! | `BRAID_TUNER_PROBE` | `0`: the tuner keeps its built-in link costs instead of measuring them at start-up |
 //! | `BRAID_CACHE_DIR` | per-host cache of probed link costs (default `$XDG_CACHE_HOME/braid`, else `$HOME/.cache/braid`) |
 //! | `BRAID_TRANSPORTS` | comma list restricting transports (`shm`, `rdma`, `tcp`; one that cannot run here is dropped, saying why at debug level) |
-//! | `BRAID_SOCKET_IFNAME` | interfaces for TCP, NCCL syntax: `eth`, `^docker`, `=eth0` |
+//! | `BRAID_SOCKET_IFNAME` | interfaces for TCP, NCCL syntax: `eth`, `^docker`, `=eth0` (default: the source address of the route to the store, see [`crate::transport::ifaces`]) |
+//! | `BRAID_SOCKET_FAMILY` | `AF_INET` (`4`) or `AF_INET6` (`6`): the address family TCP links listen on (default: either, IPv4 first) |
 //! | `BRAID_TIMEOUT` | deadline of every wait: `30`, `500ms`, `5m` (default 60 s) |
 //! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |
 //! | `BRAID_JOB_KEY` | shared secret every TCP link and TCP store connection proves (challenge-response; never sent); `braid run` generates one |
@@ -74,6 +75,8 @@ pub struct Config {
     pub transports: Option<Vec<TransportKind>>,
     /// TCP interface filter in NCCL syntax.
     pub socket_ifname: Option<String>,
+    /// Address family TCP links listen on (`BRAID_SOCKET_FAMILY`), None for either.
+    pub socket_family: Option<crate::transport::ifaces::AddrFamily>,
     /// Deadline for every blocking wait.
     pub timeout: Duration,
     /// Log filter.
@@ -113,6 +116,7 @@ impl Config {
             cache_dir: None,
             transports: None,
             socket_ifname: None,
+            socket_family: None,
             timeout: DEFAULT_TIMEOUT,
             debug: None,
             job_key: crate::auth::JobKey::none(),
@@ -201,6 +205,9 @@ impl Config {
             }
         }
         cfg.socket_ifname = get("BRAID_SOCKET_IFNAME").filter(|s| !s.is_empty());
+        if let Some(f) = get("BRAID_SOCKET_FAMILY").filter(|s| !s.trim().is_empty()) {
+            cfg.socket_family = Some(f.parse().map_err(|e| Error::Config(format!("BRAID_SOCKET_FAMILY: {e}")))?);
+        }
         cfg.tuning = Tuning::from_lookup(&get)?;
         if let Some(b) = get("BRAID_BIND") {
             cfg.bind = b.parse().map_err(|e| Error::Config(format!("BRAID_BIND: {e}")))?;
@@ -440,6 +447,21 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(250));
         assert_eq!(c.algorithms, crate::tuner::AlgoPolicy::only(crate::algorithm::Algorithm::Ring));
         assert_eq!(c.transports, Some(vec![TransportKind::Tcp]));
+    }
+
+    #[test]
+    fn socket_family_is_read() {
+        use crate::transport::ifaces::AddrFamily;
+        let base = [("BRAID_RANK", "0"), ("BRAID_WORLD_SIZE", "1")];
+        assert_eq!(cfg(&base).unwrap().socket_family, None);
+        for (text, fam) in
+            [("AF_INET", AddrFamily::V4), ("4", AddrFamily::V4), ("AF_INET6", AddrFamily::V6), ("6", AddrFamily::V6)]
+        {
+            let c = cfg(&[base[0], base[1], ("BRAID_SOCKET_FAMILY", text)]).unwrap();
+            assert_eq!(c.socket_family, Some(fam), "{text}");
+        }
+        let err = cfg(&[base[0], base[1], ("BRAID_SOCKET_FAMILY", "AF_UNIX")]).unwrap_err().to_string();
+        assert!(err.contains("BRAID_SOCKET_FAMILY") && err.contains("af_unix"), "{err}");
     }
 
     #[test]

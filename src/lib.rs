@@ -140,5 +140,6 @@ pub use auth::JobKey;
 pub use comm::{Communicator, CommunicatorBuilder, Work};
 pub use config::Config;
 pub use error::{Error, OpContext, Result};
+pub use transport::ifaces::AddrFamily;
 pub use transport::TransportKind;
 pub use types::{CallSig, DType, Element, OpKind, ReduceOp};

@@ -9,13 +9,21 @@
 //! | `=eth0` | exactly `eth0` |
 //! | `^=lo` | every interface except exactly `lo` |
 //!
-//! Without a spec, every up, non-loopback interface qualifies except virtual
-//! bridges and container plumbing ([`DEFAULT_EXCLUDED_PREFIXES`]); when none
-//! exists, loopback is used so a single host still works.
+//! Without a spec, a rank listens where it reaches the store from: the source
+//! address of its route to the store's server ([`Reason::RouteToStore`]), since the
+//! hosts that reach the store reach it there. That route is not used when it starts
+//! on loopback while the job spans hosts (the store's host name may map to 127.0.1.1
+//! on rank 0's own host), nor when it is of another family than
+//! `BRAID_SOCKET_FAMILY` asks for; then, as when no route is known, the first up,
+//! non-loopback interface qualifies except virtual bridges and container plumbing
+//! ([`DEFAULT_EXCLUDED_PREFIXES`]); when none exists, loopback is used so a single
+//! host still works. Without a spec a rank also publishes its other qualifying
+//! addresses ([`ListenChoice::others`]), which peers try when the first does not
+//! answer.
 //!
-//! The matching is a pure function ([`choose_address`]) over a list of
-//! [`IfaceAddr`], so it is tested without touching the OS; [`list_interfaces`]
-//! reads the real list with `getifaddrs`.
+//! The matching is a pure function ([`choose_listen`], [`choose_address`]) over a
+//! list of [`IfaceAddr`], so it is tested without touching the OS;
+//! [`list_interfaces`] reads the real list with `getifaddrs`.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
@@ -39,8 +47,9 @@ pub const DEFAULT_EXCLUDED_PREFIXES: &[&str] = &[
     "weave",
     "vxlan",
     "kube-ipvs",
-    "lxcbr",
+    "lxc",
     "lxdbr",
+    "cilium",
     "podman",
     "tunl",
     "dummy",
@@ -139,6 +148,133 @@ impl IfaceSpec {
     }
 }
 
+/// Most addresses one rank publishes (the chosen one and its alternatives).
+pub const MAX_PUBLISHED: usize = 8;
+
+/// Why a listening address was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The source address of this rank's route to the store.
+    RouteToStore,
+    /// `BRAID_SOCKET_IFNAME` selected it.
+    IfnameRule,
+    /// The default rule: the first up interface that is neither loopback nor
+    /// container plumbing.
+    DefaultRule,
+    /// No other interface is usable: loopback (a single host).
+    LoopbackOnly,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reason::RouteToStore => "the source address of the route to the store",
+            Reason::IfnameRule => "BRAID_SOCKET_IFNAME",
+            Reason::DefaultRule => "the first up interface that is not loopback or container plumbing",
+            Reason::LoopbackOnly => "loopback, the only usable interface",
+        })
+    }
+}
+
+/// Where a rank listens, why, and what else it can be reached at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenChoice {
+    /// The address published first.
+    pub chosen: IfaceAddr,
+    pub reason: Reason,
+    /// Why the route to the store was not used, when one was known.
+    pub route_refused: Option<String>,
+    /// Other addresses of the chosen family that the default rule admits, in the
+    /// system's order (at most [`MAX_PUBLISHED`] - 1; none with a spec or on loopback).
+    pub others: Vec<IfaceAddr>,
+}
+
+impl fmt::Display for ListenChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {} ({})", self.chosen.addr, self.chosen.name, self.reason)?;
+        if let Some(why) = &self.route_refused {
+            write!(f, "; not the route to the store: {why}")?;
+        }
+        if !self.others.is_empty() {
+            let others: Vec<String> = self.others.iter().map(|i| format!("{} on {}", i.addr, i.name)).collect();
+            write!(f, "; also reachable at {}", others.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+fn family_ok(family: Option<AddrFamily>, addr: IpAddr) -> bool {
+    match family {
+        None => true,
+        Some(AddrFamily::V4) => addr.is_ipv4(),
+        Some(AddrFamily::V6) => addr.is_ipv6(),
+    }
+}
+
+/// Up addresses that the default rule admits: not loopback, not container plumbing.
+fn default_candidates(ifaces: &[IfaceAddr], family: Option<AddrFamily>) -> impl Iterator<Item = &IfaceAddr> {
+    ifaces.iter().filter(move |i| {
+        i.up && family_ok(family, i.addr)
+            && !i.loopback
+            && !DEFAULT_EXCLUDED_PREFIXES.iter().any(|p| i.name.starts_with(p))
+    })
+}
+
+/// Choose where a rank listens (see the module docs): with `spec`, as
+/// [`choose_address`] does; without, at `route` (this rank's source address toward
+/// the store) unless it is loopback while `spans_hosts`, of the wrong family or on
+/// no interface, else by the default rule.
+pub fn choose_listen(
+    ifaces: &[IfaceAddr],
+    spec: Option<&str>,
+    family: Option<AddrFamily>,
+    route: Option<IpAddr>,
+    spans_hosts: bool,
+) -> Result<ListenChoice> {
+    if let Some(text) = spec.map(str::trim).filter(|s| !s.is_empty()) {
+        let chosen = choose_address(ifaces, Some(text), family)?;
+        return Ok(ListenChoice { chosen, reason: Reason::IfnameRule, route_refused: None, others: Vec::new() });
+    }
+    let mut route_refused = None;
+    let mut routed = None;
+    if let Some(ip) = route {
+        if !family_ok(family, ip) {
+            route_refused = Some(format!("it starts at {ip}, and BRAID_SOCKET_FAMILY asks for {}", family.unwrap()));
+        } else if ip.is_loopback() && spans_hosts {
+            route_refused = Some(format!(
+                "it starts on loopback ({ip}), which other hosts cannot reach (does the store's host name map \
+                 to a loopback address such as 127.0.1.1 in this host's /etc/hosts?)"
+            ));
+        } else {
+            match ifaces.iter().find(|i| i.up && i.addr == ip) {
+                Some(i) => routed = Some(i.clone()),
+                None => route_refused = Some(format!("it starts at {ip}, an address of no up interface here")),
+            }
+        }
+    }
+    let (chosen, reason) = match routed {
+        Some(i) => (i, Reason::RouteToStore),
+        None => {
+            let i = choose_address(ifaces, None, family)?;
+            let reason = if i.loopback { Reason::LoopbackOnly } else { Reason::DefaultRule };
+            (i, reason)
+        }
+    };
+    let mut others: Vec<IfaceAddr> = Vec::new();
+    if !chosen.loopback {
+        let same_family = if chosen.addr.is_ipv4() { AddrFamily::V4 } else { AddrFamily::V6 };
+        for i in default_candidates(ifaces, Some(same_family)) {
+            if others.len() + 1 >= MAX_PUBLISHED {
+                break;
+            }
+            if i.addr != chosen.addr && !i.link_local() && !others.iter().any(|o| o.addr == i.addr) {
+                others.push(i.clone());
+            }
+        }
+    }
+    Ok(ListenChoice { chosen, reason, route_refused, others })
+}
+
 /// Pick the address to listen on from `ifaces` (in the system's order).
 ///
 /// Candidates are the up interfaces the spec selects (or, without a spec, the
@@ -146,26 +282,16 @@ impl IfaceSpec {
 /// them the first is taken by preference: non-loopback, then IPv4, then IPv6
 /// other than link-local, then link-local IPv6 (which carries its scope id).
 pub fn choose_address(ifaces: &[IfaceAddr], spec: Option<&str>, family: Option<AddrFamily>) -> Result<IfaceAddr> {
-    let family_ok = |i: &IfaceAddr| match family {
-        None => true,
-        Some(AddrFamily::V4) => i.addr.is_ipv4(),
-        Some(AddrFamily::V6) => i.addr.is_ipv6(),
-    };
     let candidates: Vec<&IfaceAddr> = match spec.map(str::trim).filter(|s| !s.is_empty()) {
         Some(text) => {
             let parsed = IfaceSpec::parse(text)?;
-            ifaces.iter().filter(|i| i.up && family_ok(i) && parsed.matches(&i.name)).collect()
+            ifaces.iter().filter(|i| i.up && family_ok(family, i.addr) && parsed.matches(&i.name)).collect()
         }
         None => {
-            let usable: Vec<&IfaceAddr> = ifaces.iter().filter(|i| i.up && family_ok(i)).collect();
-            let external: Vec<&IfaceAddr> = usable
-                .iter()
-                .copied()
-                .filter(|i| !i.loopback && !DEFAULT_EXCLUDED_PREFIXES.iter().any(|p| i.name.starts_with(p)))
-                .collect();
+            let external: Vec<&IfaceAddr> = default_candidates(ifaces, family).collect();
             // A lone host (laptop, CI container with no network) still works over loopback.
             if external.is_empty() {
-                usable.into_iter().filter(|i| i.loopback).collect()
+                ifaces.iter().filter(|i| i.up && family_ok(family, i.addr) && i.loopback).collect()
             } else {
                 external
             }
@@ -241,17 +367,17 @@ pub fn list_interfaces() -> Result<Vec<IfaceAddr>> {
     Ok(out)
 }
 
-/// The address (port 0) this host should listen on for `spec` and `family`.
-pub fn local_address(spec: Option<&str>, family: Option<AddrFamily>) -> Result<SocketAddr> {
-    Ok(choose_address(&list_interfaces()?, spec, family)?.socket_addr(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn ifa(name: &str, addr: &str, scope_id: u32) -> IfaceAddr {
         IfaceAddr { name: name.into(), addr: addr.parse().unwrap(), scope_id, up: true, loopback: name == "lo" }
+    }
+
+    /// Addresses without scope ids, in the order given.
+    fn ifas(list: &[(&str, &str)]) -> Vec<IfaceAddr> {
+        list.iter().map(|(name, addr)| ifa(name, addr, 0)).collect()
     }
 
     fn host() -> Vec<IfaceAddr> {
@@ -349,10 +475,114 @@ mod tests {
         assert!("AF_UNIX".parse::<AddrFamily>().is_err());
     }
 
+    /// A host with a decoy listed first (routes nowhere), a private address that every
+    /// host has (docker0-like, but not named so), and the link to the store's host.
+    fn decoyed() -> Vec<IfaceAddr> {
+        ifas(&[
+            ("lo", "127.0.0.1"),
+            ("aaa0", "10.99.0.1"),
+            ("dup0", "172.17.0.1"),
+            ("eth0", "10.77.0.2"),
+            ("eth0", "fd00::2"),
+            ("lo", "::1"),
+        ])
+    }
+
+    fn listen(ifs: &[IfaceAddr], route: Option<&str>, spans: bool, fam: Option<AddrFamily>) -> ListenChoice {
+        choose_listen(ifs, None, fam, route.map(|r| r.parse().unwrap()), spans).unwrap()
+    }
+
+    fn addrs(list: &[IfaceAddr]) -> Vec<String> {
+        list.iter().map(|i| i.addr.to_string()).collect()
+    }
+
+    #[test]
+    fn the_route_to_the_store_beats_the_first_interface() {
+        let c = listen(&decoyed(), Some("10.77.0.2"), true, None);
+        assert_eq!((c.chosen.name.as_str(), c.reason), ("eth0", Reason::RouteToStore), "{c}");
+        // The others are published as alternatives, the chosen one never twice.
+        assert_eq!(addrs(&c.others), ["10.99.0.1", "172.17.0.1"], "{c}");
+        let text = c.to_string();
+        assert!(text.contains("10.77.0.2 on eth0") && text.contains("route to the store"), "{text}");
+        // Without a route the first interface wins, as before.
+        let c = listen(&decoyed(), None, true, None);
+        assert_eq!((c.chosen.name.as_str(), c.reason), ("aaa0", Reason::DefaultRule), "{c}");
+        assert_eq!(addrs(&c.others), ["172.17.0.1", "10.77.0.2"], "{c}");
+    }
+
+    #[test]
+    fn a_loopback_route_is_refused_when_the_job_spans_hosts() {
+        // Rank 0's host name maps to 127.0.1.1 on its own host.
+        let c = listen(&decoyed(), Some("127.0.1.1"), true, None);
+        assert_eq!(c.reason, Reason::DefaultRule, "{c}");
+        assert!(!c.chosen.loopback, "{c}");
+        let why = c.route_refused.as_deref().unwrap();
+        assert!(why.contains("127.0.1.1") && why.contains("/etc/hosts"), "{why}");
+        assert!(c.to_string().contains("not the route to the store"), "{c}");
+        // All ranks on this host: loopback is right, and nothing else is published.
+        let c = listen(&decoyed(), Some("127.0.0.1"), false, None);
+        assert_eq!((c.chosen.addr.to_string().as_str(), c.reason), ("127.0.0.1", Reason::RouteToStore), "{c}");
+        assert!(c.others.is_empty(), "{c}");
+    }
+
+    #[test]
+    fn the_family_restricts_the_route_and_the_alternatives() {
+        let c = listen(&decoyed(), Some("10.77.0.2"), true, Some(AddrFamily::V6));
+        assert_eq!((c.chosen.addr.to_string().as_str(), c.reason), ("fd00::2", Reason::DefaultRule), "{c}");
+        assert!(c.route_refused.as_deref().unwrap().contains("AF_INET6"), "{c}");
+        assert!(c.others.is_empty(), "{c}");
+        let c = listen(&decoyed(), Some("fd00::2"), true, None);
+        assert_eq!((c.chosen.addr.to_string().as_str(), c.reason), ("fd00::2", Reason::RouteToStore), "{c}");
+        assert!(c.others.is_empty(), "no IPv4 alternatives to an IPv6 listener: {c}");
+    }
+
+    #[test]
+    fn a_route_from_no_interface_falls_back_to_the_rules() {
+        let c = listen(&decoyed(), Some("192.0.2.99"), true, None);
+        assert_eq!(c.reason, Reason::DefaultRule, "{c}");
+        assert!(c.route_refused.as_deref().unwrap().contains("192.0.2.99"), "{c}");
+    }
+
+    #[test]
+    fn a_spec_overrides_the_route_and_publishes_one_address() {
+        let c = choose_listen(&decoyed(), Some("=dup0"), None, Some("10.77.0.2".parse().unwrap()), true).unwrap();
+        assert_eq!((c.chosen.name.as_str(), c.reason), ("dup0", Reason::IfnameRule), "{c}");
+        assert!(c.others.is_empty() && c.route_refused.is_none(), "{c}");
+        let err = choose_listen(&decoyed(), Some("ib"), None, None, true).unwrap_err().to_string();
+        assert!(err.contains("BRAID_SOCKET_IFNAME=`ib`"), "{err}");
+    }
+
+    #[test]
+    fn container_veths_are_excluded_by_default() {
+        let ifs = ifas(&[
+            ("lo", "127.0.0.1"),
+            ("lxc9f2e1", "10.0.1.7"),
+            ("cilium_host", "10.0.1.1"),
+            ("cilium_vxlan", "10.0.1.2"),
+            ("lxcbr0", "10.0.3.1"),
+            ("eth0", "192.0.2.2"),
+        ]);
+        let c = listen(&ifs, None, true, None);
+        assert_eq!(c.chosen.name, "eth0", "{c}");
+        assert!(c.others.is_empty(), "{c}");
+        assert_eq!(pick(None, None), "eth0 192.0.2.2");
+    }
+
+    #[test]
+    fn alternatives_are_capped_and_skip_link_local() {
+        let mut ifs = vec![ifa("lo", "127.0.0.1", 0), ifa("eth0", "fd00::1", 0), ifa("eth0", "fe80::1", 2)];
+        for n in 0..20 {
+            ifs.push(ifa(&format!("eth{}", n + 1), &format!("fd00::{:x}", n + 16), 0));
+        }
+        let c = listen(&ifs, Some("fd00::1"), true, None);
+        assert_eq!(c.others.len(), MAX_PUBLISHED - 1, "{c}");
+        assert!(c.others.iter().all(|i| !i.link_local() && i.addr.to_string() != "fd00::1"), "{c}");
+    }
+
     #[test]
     fn real_interfaces_include_loopback() {
         let ifs = list_interfaces().unwrap();
         assert!(ifs.iter().any(|i| i.loopback && i.addr == IpAddr::from([127, 0, 0, 1])), "{ifs:?}");
-        assert!(local_address(Some("lo"), Some(AddrFamily::V4)).unwrap().ip().is_loopback());
+        assert!(choose_address(&ifs, Some("lo"), Some(AddrFamily::V4)).unwrap().addr.is_loopback());
     }
 }

@@ -140,6 +140,10 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
         TransportKind::Tcp => {
             let mut opts = tcp::MeshOptions::new(req.rank, req.world, "mesh");
             opts.ifname = cfg.socket_ifname.clone();
+            opts.family = cfg.socket_family;
+            // Without an interface spec, links listen where this rank reaches the store.
+            opts.store_route = if cfg.socket_ifname.is_none() { req.store.route_source() } else { None };
+            opts.spans_hosts = req.local_ranks < req.world;
             opts.timeout = cfg.timeout;
             opts.comm_id = req.comm_id as u64;
             opts.peers = Some(req.peers.clone());

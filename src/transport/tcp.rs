@@ -1,8 +1,10 @@
 //! TCP links: one non-blocking socket per peer, and the mesh setup that makes them.
 //!
-//! Setup ([`connect_mesh`]): every rank listens on the address of the chosen
-//! interface ([`super::ifaces`]) and publishes it in the store under
-//! `{key_prefix}/tcp/{rank}`. Rank `i` connects to every `j < i` and accepts one
+//! Setup ([`connect_mesh`]): every rank listens where [`ifaces::choose_listen`]
+//! says (by default the source address of its route to the store) and publishes
+//! that address, then its other qualifying ones, in the store under
+//! `{key_prefix}/tcp/{rank}`. Rank `i` connects to every `j < i`, trying `j`'s
+//! addresses in turn with short deadlines ([`candidates`]), and accepts one
 //! connection from every `j > i`. All of it runs in one `poll` loop, so a slow
 //! or refused connect never stops this rank from accepting (and vice versa), and
 //! one deadline bounds every wait.
@@ -15,20 +17,22 @@
 //! job, a stale rank, a client without the key) is dropped and logged at debug
 //! level, and accepting goes on: only a rank that proved the key takes its place.
 
+mod candidates;
 mod handshake;
 
 use std::io::{self, IoSlice, Read};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::ifaces::{self, AddrFamily};
+use super::ifaces::{self, AddrFamily, ListenChoice};
 use super::{Link, TransportKind};
 use crate::auth::JobKey;
 use crate::bootstrap::Store;
 use crate::error::{Error, OpContext, Result};
+use candidates::Attempts;
 pub use handshake::MAX_PENDING;
 use handshake::*;
 
@@ -47,8 +51,14 @@ pub struct MeshOptions {
     pub key_prefix: String,
     /// Interface spec in NCCL syntax (`BRAID_SOCKET_IFNAME`); None for the default policy.
     pub ifname: Option<String>,
-    /// Restrict the listening address to one family (`BRAID_SOCKET_FAMILY`-like); None prefers IPv4.
+    /// Restrict the listening address to one family (`BRAID_SOCKET_FAMILY`); None prefers IPv4.
     pub family: Option<AddrFamily>,
+    /// This rank's source address on its route to the store ([`Store::route_source`]);
+    /// without an interface spec, links listen there. None when unknown.
+    pub store_route: Option<IpAddr>,
+    /// Whether the communicator spans hosts: a route to the store that starts on
+    /// loopback is then not listened on (default true).
+    pub spans_hosts: bool,
     /// Deadline for the whole setup: store waits, connects, accepts and handshakes.
     pub timeout: Duration,
     /// Communicator id; a hello carrying another id is refused, so two jobs cannot cross-connect.
@@ -77,6 +87,8 @@ impl MeshOptions {
             key_prefix: key_prefix.into(),
             ifname: None,
             family: None,
+            store_route: None,
+            spans_hosts: true,
             timeout: crate::config::DEFAULT_TIMEOUT,
             comm_id: 0,
             socket_buffer: None,
@@ -232,19 +244,22 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
             )
         });
     }
-    let local = ifaces::local_address(opts.ifname.as_deref(), opts.family)?;
-    let listener = listen(local, world)?;
-    let bound = listener
-        .local_addr()
-        .ok()
-        .and_then(|a| a.as_socket())
-        .ok_or_else(|| Error::io("reading the listening address", io::Error::other("not an IP socket")))?;
-    store.set(&address_key(&opts.key_prefix, rank), bound.to_string().as_bytes())?;
-    tracing::debug!(rank, %bound, "tcp mesh: listening");
+    let choice = ifaces::choose_listen(
+        &ifaces::list_interfaces()?,
+        opts.ifname.as_deref(),
+        opts.family,
+        opts.store_route,
+        opts.spans_hosts,
+    )
+    .map_err(|e| Error::Config(format!("rank {rank}: choosing where tcp links listen: {e}")))?;
+    let (listener, published) = listen_on(&choice, world)?;
+    store.set(&address_key(&opts.key_prefix, rank), candidates::encode(&published).as_bytes())?;
+    tracing::debug!(rank, published = %candidates::encode(&published), "tcp mesh: listening at {choice}");
 
     let mut book = AddressBook::new(opts);
     let mut outgoing: Vec<Outgoing> = (0..rank).map(|_| Outgoing::Idle(Instant::now())).collect();
     let mut backoff = vec![FIRST_BACKOFF; rank];
+    let mut attempts: Vec<Attempts> = (0..rank).map(|_| Attempts::default()).collect();
     let mut incoming: Vec<Incoming> = Vec::new();
     // Ranks that proved the job key on an accepted connection: a second claim is a duplicate.
     let mut claimed = vec![false; world];
@@ -257,30 +272,49 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
         // every handshake as far as it goes.
         book.refresh(opts, store)?;
         for j in 0..rank {
-            let Some(addr) = book.addrs[j] else { continue };
+            let Some(list) = book.addrs[j].as_deref() else { continue };
+            let (addr, n) = (attempts[j].current(list), list.len());
             let state = std::mem::replace(&mut outgoing[j], Outgoing::Done);
+            if matches!(state, Outgoing::Idle(at) if Instant::now() >= at) {
+                attempts[j].start(Instant::now());
+            }
             let failure = match drive_outgoing(state, addr, opts, j) {
                 Ok(Progress::Waiting(s)) => {
-                    outgoing[j] = s;
-                    None
+                    let in_flight = !matches!(s, Outgoing::Idle(_) | Outgoing::Done);
+                    match attempts[j].deadline() {
+                        // Dropping the state closes the socket.
+                        Some(at) if in_flight && Instant::now() >= at => {
+                            Some((format!("no answer within {:?}", attempts[j].limit()), true))
+                        }
+                        _ => {
+                            outgoing[j] = s;
+                            None
+                        }
+                    }
                 }
                 Ok(Progress::Connected(sock)) => match make_link(sock, j, opts) {
                     Ok(link) => {
+                        tracing::debug!(rank, peer = j, %addr, "tcp mesh: linked");
                         links[j] = Some(link);
                         None
                     }
-                    Err(e) => Some(e.to_string()),
+                    Err(e) => Some((e.to_string(), false)),
                 },
-                Err(why) => Some(why),
+                Err(why) => Some((why, false)),
             };
-            if let Some(why) = failure {
+            if let Some((why, silent)) = failure {
                 if why.contains(KEY_NOT_PROVEN) {
                     key_failures[j] = Some(why.clone());
                 }
-                outgoing[j] = retry_later(&mut backoff[j], j, addr, &why);
-                // The published address may be stale (a previous run's, in a reused
-                // store namespace): read it again before the next attempt.
-                book.addrs[j] = None;
+                if attempts[j].failed(addr, &why, n, silent) {
+                    outgoing[j] = retry_later(&mut backoff[j], j, addr, &why);
+                    // The published addresses may be stale (a previous run's, in a
+                    // reused store namespace): read them again before the next pass.
+                    book.addrs[j] = None;
+                } else {
+                    tracing::debug!(rank, peer = j, %addr, "tcp mesh: {why}; trying the peer's next published address");
+                    outgoing[j] = Outgoing::Idle(Instant::now());
+                }
             }
         }
 
@@ -331,6 +365,18 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
                     ),
                 });
             }
+            for &j in waiting_on.iter().filter(|&&j| j < rank) {
+                let report = attempts[j].report();
+                if !report.is_empty() {
+                    tracing::warn!(
+                        rank,
+                        peer = j,
+                        "tcp mesh: no link to rank {j} within {:?}; this rank listens at {choice}; \
+                         what rank {j}'s published addresses answered: {report}",
+                        opts.timeout
+                    );
+                }
+            }
             return Err(timeout(opts, waiting_on));
         }
         // Wake for the next store lookup or connect retry that is due (ranks whose
@@ -339,7 +385,9 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
             .filter(|&j| book.addrs[j].is_some())
             .filter_map(|j| match outgoing[j] {
                 Outgoing::Idle(at) => Some(at),
-                _ => None,
+                Outgoing::Done => None,
+                // An attempt in flight is given up at its deadline.
+                _ => attempts[j].deadline(),
             })
             .min();
         let wake = retry_at.map_or(book.wake(deadline), |at| at.min(book.wake(deadline)));
@@ -352,7 +400,7 @@ pub fn connect_mesh(opts: &MeshOptions, store: &dyn Store) -> Result<Vec<Option<
 /// rank connect to the ranks that are there while another is late, so a
 /// timeout names only the ranks that are really missing.
 struct AddressBook {
-    addrs: Vec<Option<SocketAddr>>,
+    addrs: Vec<Option<Vec<SocketAddr>>>,
     /// Lower ranks this rank links with; the others are never looked up.
     wanted: Vec<bool>,
     next_try: Instant,
@@ -391,12 +439,12 @@ impl AddressBook {
             let key = address_key(&opts.key_prefix, j);
             let Some(raw) = store.get(&key)? else { continue };
             let text = String::from_utf8_lossy(&raw);
-            let addr = text.parse::<SocketAddr>().map_err(|_| Error::Protocol {
+            let addrs = candidates::decode(&text).map_err(|why| Error::Protocol {
                 ctx: ctx(opts),
                 peer: j,
-                detail: format!("store key `{key}` holds `{text}`, not a socket address"),
+                detail: format!("store key `{key}` does not hold the rank's listening addresses: {why}"),
             })?;
-            self.addrs[j] = Some(addr);
+            self.addrs[j] = Some(addrs);
             found = true;
         }
         self.backoff = if found { FIRST_LOOKUP_BACKOFF } else { (self.backoff * 2).min(MAX_LOOKUP_BACKOFF) };
@@ -422,6 +470,30 @@ fn timeout(opts: &MeshOptions, waiting_on: Vec<usize>) -> Error {
     Error::Timeout { ctx: ctx(opts), timeout: opts.timeout, waiting_on }
 }
 
+/// Listen where `choice` says, and the addresses to publish (the chosen one first).
+/// With alternatives the socket listens on the wildcard address of the chosen
+/// family, so every published address reaches it.
+fn listen_on(choice: &ListenChoice, world: usize) -> Result<(Socket, Vec<SocketAddr>)> {
+    if choice.others.is_empty() {
+        let sock = listen(choice.chosen.socket_addr(0), world)?;
+        let bound = bound_addr(&sock)?;
+        return Ok((sock, vec![bound]));
+    }
+    let any: IpAddr =
+        if choice.chosen.addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    let sock = listen(SocketAddr::new(any, 0), world)?;
+    let port = bound_addr(&sock)?.port();
+    let published = std::iter::once(&choice.chosen).chain(&choice.others).map(|i| i.socket_addr(port)).collect();
+    Ok((sock, published))
+}
+
+fn bound_addr(sock: &Socket) -> Result<SocketAddr> {
+    sock.local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or_else(|| Error::io("reading the listening address", io::Error::other("not an IP socket")))
+}
+
 fn listen(addr: SocketAddr, world: usize) -> Result<Socket> {
     let what = |e| Error::io(format!("listening on {addr}"), e);
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(what)?;
@@ -443,5 +515,7 @@ fn retry_later(backoff: &mut Duration, peer: usize, addr: SocketAddr, why: &str)
     state
 }
 
+#[cfg(test)]
+mod failover_tests;
 #[cfg(test)]
 mod tests;
