@@ -34,12 +34,16 @@ pub struct HostsSpec {
     /// host's mount namespace) with this initial content; [`Hosts::write_etc_hosts`]
     /// rewrites it later.
     pub etc_hosts: Option<[String; 2]>,
+    /// A shell script run in each host's network namespace before the veth pair is
+    /// made (host A first), so the interfaces it adds come before `eth0` in the
+    /// system's order.
+    pub before_link: Option<[String; 2]>,
 }
 
 impl HostsSpec {
     /// Two plain hosts: veth, private /dev/shm, nothing else.
     pub fn new(prefix: &'static str) -> HostsSpec {
-        HostsSpec { prefix, htb: false, hostnames: None, etc_hosts: None }
+        HostsSpec { prefix, htb: false, hostnames: None, etc_hosts: None, before_link: None }
     }
 }
 
@@ -189,6 +193,11 @@ impl Hosts {
             self.netns.push(name);
         }
         let (a, b) = (self.netns[0].clone(), self.netns[1].clone());
+        if let Some(scripts) = self.spec.before_link.clone() {
+            for (ns, script) in [&a, &b].into_iter().zip(scripts.iter()) {
+                sh("ip", &["netns", "exec", ns, "sh", "-ec", script])?;
+            }
+        }
         // One veth pair, created directly inside the namespaces: `eth0` on both hosts.
         sh("ip", &["link", "add", "eth0", "netns", &a, "type", "veth", "peer", "name", "eth0", "netns", &b])?;
         for (ns, addr) in [(&a, &self.addrs[0]), (&b, &self.addrs[1])] {
