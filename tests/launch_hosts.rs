@@ -105,20 +105,31 @@ fn assert_decoy_listed_first(hosts: &Hosts) {
     }
 }
 
-/// /etc/hosts of two hosts named node-a and node-b, each mapping its own name to
-/// 127.0.1.1 as Debian's installer does.
-fn node_etc_hosts(hosts_addrs: &[String; 2]) -> [String; 2] {
-    let [a, b] = hosts_addrs;
-    [
-        format!("{}127.0.1.1 node-a\n{b} node-b\n", plain_etc_hosts()),
-        format!("{}127.0.1.1 node-b\n{a} node-a\n", plain_etc_hosts()),
-    ]
+/// Name the hosts node-a and node-b, each with an /etc/hosts (written once the
+/// hosts' addresses are known: [`name_hosts`]).
+fn named(mut spec: HostsSpec) -> HostsSpec {
+    spec.hostnames = Some(["node-a".into(), "node-b".into()]);
+    spec.etc_hosts = Some([plain_etc_hosts(), plain_etc_hosts()]);
+    spec
+}
+
+/// Each host's /etc/hosts maps its own name to 127.0.1.1, as Debian's installer
+/// does, and the other's to its veth address.
+fn name_hosts(hosts: &Hosts) {
+    let [a, b] = &hosts.addrs;
+    hosts.write_etc_hosts(0, &format!("{}127.0.1.1 node-a\n{b} node-b\n", plain_etc_hosts()));
+    hosts.write_etc_hosts(1, &format!("{}127.0.1.1 node-b\n{a} node-a\n", plain_etc_hosts()));
+}
+
+fn shaped() -> HostsSpec {
+    let mut spec = HostsSpec::new(PREFIX);
+    spec.htb = true;
+    spec
 }
 
 #[test]
 fn a_master_addr_that_resolves_only_after_two_seconds() {
-    let mut spec = HostsSpec::new(PREFIX);
-    spec.htb = true;
+    let mut spec = shaped();
     spec.etc_hosts = Some([plain_etc_hosts(), plain_etc_hosts()]);
     let Some(mut hosts) = Hosts::create(spec) else { return };
     let resolved = format!("{}{} {SERVICE}\n", plain_etc_hosts(), hosts.addrs[0]);
@@ -146,16 +157,8 @@ fn a_master_addr_that_resolves_only_after_two_seconds() {
 
 #[test]
 fn rank_zeros_host_name_maps_to_loopback_on_its_own_host() {
-    let mut spec = HostsSpec::new(PREFIX);
-    spec.htb = true;
-    spec.hostnames = Some(["node-a".into(), "node-b".into()]);
-    // The addresses are known only once the hosts exist: start with a placeholder.
-    spec.etc_hosts = Some([plain_etc_hosts(), plain_etc_hosts()]);
-    let Some(mut hosts) = Hosts::create(spec) else { return };
-    let files = node_etc_hosts(&hosts.addrs);
-    for (h, text) in files.iter().enumerate() {
-        hosts.write_etc_hosts(h, text);
-    }
+    let Some(mut hosts) = Hosts::create(named(shaped())) else { return };
+    name_hosts(&hosts);
     let out = hosts.shell(0, "hostname; getent hosts node-a");
     let seen = String::from_utf8_lossy(&out.stdout);
     assert!(seen.starts_with("node-a\n") && seen.contains("127.0.1.1"), "host A: {seen}");
@@ -165,8 +168,7 @@ fn rank_zeros_host_name_maps_to_loopback_on_its_own_host() {
 
 #[test]
 fn a_decoy_listed_first_and_a_duplicate_private_address() {
-    let mut spec = HostsSpec::new(PREFIX);
-    spec.htb = true;
+    let mut spec = shaped();
     spec.before_link = Some(decoys());
     let Some(mut hosts) = Hosts::create(spec) else { return };
     assert_decoy_listed_first(&hosts);
@@ -177,17 +179,11 @@ fn a_decoy_listed_first_and_a_duplicate_private_address() {
 
 #[test]
 fn decoys_with_rank_zeros_name_on_loopback_make_peers_pass_over_addresses() {
-    let mut spec = HostsSpec::new(PREFIX);
-    spec.htb = true;
+    let mut spec = named(shaped());
     spec.before_link = Some(decoys());
-    spec.hostnames = Some(["node-a".into(), "node-b".into()]);
-    spec.etc_hosts = Some([plain_etc_hosts(), plain_etc_hosts()]);
     let Some(mut hosts) = Hosts::create(spec) else { return };
     assert_decoy_listed_first(&hosts);
-    let files = node_etc_hosts(&hosts.addrs);
-    for (h, text) in files.iter().enumerate() {
-        hosts.write_etc_hosts(h, text);
-    }
+    name_hosts(&hosts);
     run_ops(&mut hosts, "decoys and a loopback host name", "node-a");
     hosts.finish();
 }
