@@ -31,10 +31,19 @@
 //!
 //! When `BRAID_RANK` is absent, launchers are recognised: torchrun (`RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
-//! (`OMPI_COMM_WORLD_*`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`,
-//! `SLURM_NTASKS_PER_NODE`)
+//! (`OMPI_COMM_WORLD_*`), MPICH and Intel MPI (`PMI_RANK`, `PMI_SIZE`,
+//! `MPI_LOCALRANKID`, `MPI_LOCALNRANKS`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`,
+//! `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE`)
 //! and TensorFlow's `TF_CONFIG` (cluster spec and task; ranks in the order `ps`,
 //! `chief`, `worker`, rank 0's address hosting the store; feature `tf-config`).
+//!
+//! Without `BRAID_STORE`, mpirun and srun derive one (the store URL says which):
+//! `pmix:NAMESPACE` when PMIx's variables are set (rank 0 publishes its store through
+//! PMIx, [`crate::bootstrap::pmix`]; `BRAID_PMIX_LIBRARY` names the library if not
+//! `libpmix.so.2`), `local:ID` for Open MPI on one host without PMIx (a private store
+//! keyed by the job id), `slurm://HOST:PORT` for srun without PMIx (the nodelist's
+//! first host, a reserved or derived port, [`crate::bootstrap::slurm`]). Open MPI
+//! across hosts and MPICH without PMIx fail at once, naming the `BRAID_STORE` to pass.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -135,6 +144,14 @@ impl Config {
         Config::from_lookup(|k| std::env::var(k).ok())
     }
 
+    /// Whether a launcher's rank variable is set: a configuration error is then the
+    /// job's to report, not a sign that nothing launched this process.
+    pub fn launcher_present(get: impl Fn(&str) -> Option<String>) -> bool {
+        ["BRAID_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "TF_CONFIG"]
+            .iter()
+            .any(|v| get(v).is_some_and(|s| !s.trim().is_empty()))
+    }
+
     /// Read configuration through `get` (the environment, or a map in tests).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let num = |name: &str| -> Result<Option<usize>> {
@@ -150,6 +167,13 @@ impl Config {
         // Slurm's count is only a hint for placement: a value that is not a plain
         // number (Slurm writes lists such as `2(x3)` in its other counts) is ignored.
         let hint = |name: &str| get(name).and_then(|v| v.trim().parse::<usize>().ok());
+        // How the store was found, when a launcher's variables derived it (debug log).
+        let mut how = None;
+        let mut derived = |d: crate::bootstrap::mpi::Derived| {
+            how = Some(d.how);
+            Some(d.store)
+        };
+        let slurm_rank = num("SLURM_PROCID")?;
         let (rank, world, (local, local_size), store, launcher) = if let Some(rank) = num("BRAID_RANK")? {
             let world = num("BRAID_WORLD_SIZE")?
                 .ok_or_else(|| Error::Config("BRAID_RANK is set but BRAID_WORLD_SIZE is not".into()))?;
@@ -165,18 +189,35 @@ impl Config {
             let world = num("OMPI_COMM_WORLD_SIZE")?
                 .ok_or_else(|| Error::Config("OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not".into()))?;
             let local = (num("OMPI_COMM_WORLD_LOCAL_RANK")?, num("OMPI_COMM_WORLD_LOCAL_SIZE")?);
-            (rank, world, local, get("BRAID_STORE"), "mpi")
-        } else if let Some(rank) = num("SLURM_PROCID")? {
+            let store = match get("BRAID_STORE") {
+                Some(s) => Some(s),
+                None => derived(crate::bootstrap::mpi::ompi_store(&get, rank, world, local.1)?),
+            };
+            (rank, world, local, store, "mpi")
+        } else if let Some(rank) = num("PMI_RANK")?.filter(|&r| slurm_rank != Some(r)) {
+            // MPICH and Intel MPI (Hydra). Under srun --mpi=pmi2 the ranks agree with
+            // Slurm's and the Slurm branch below derives more.
+            let world = num("PMI_SIZE")?.ok_or_else(|| Error::Config("PMI_RANK is set but PMI_SIZE is not".into()))?;
+            let store = match get("BRAID_STORE") {
+                Some(s) => Some(s),
+                None => derived(crate::bootstrap::mpi::mpich_store(&get, rank)?),
+            };
+            (rank, world, (num("MPI_LOCALRANKID")?, num("MPI_LOCALNRANKS")?), store, "mpi")
+        } else if let Some(rank) = slurm_rank {
             let world = num("SLURM_NTASKS")?
                 .ok_or_else(|| Error::Config("SLURM_PROCID is set but SLURM_NTASKS is not".into()))?;
-            (rank, world, (num("SLURM_LOCALID")?, hint("SLURM_NTASKS_PER_NODE")), get("BRAID_STORE"), "slurm")
+            let store = match get("BRAID_STORE") {
+                Some(s) => Some(s),
+                None => derived(crate::bootstrap::slurm::slurm_store(&get, rank)?),
+            };
+            (rank, world, (num("SLURM_LOCALID")?, hint("SLURM_NTASKS_PER_NODE")), store, "slurm")
         } else if let Some(spec) = get("TF_CONFIG").filter(|s| !s.trim().is_empty()) {
             let t = crate::bootstrap::tf_config::parse(&spec)?;
             let local = (Some(t.local_rank), Some(t.local_size));
             (t.rank, t.world, local, get("BRAID_STORE").or(Some(t.store)), "tf_config")
         } else {
             return Err(Error::Config(
-                "no rank in the environment: set BRAID_RANK and BRAID_WORLD_SIZE, or start under `braid run`, torchrun, mpirun, srun or with TF_CONFIG".into(),
+                "no rank in the environment: set BRAID_RANK and BRAID_WORLD_SIZE, or start under `braid run`, torchrun, mpirun, mpiexec, srun or with TF_CONFIG".into(),
             ));
         };
         if world == 0 || rank >= world {
@@ -235,6 +276,14 @@ impl Config {
         }
         cfg.debug = get("BRAID_DEBUG").filter(|s| !s.is_empty());
         cfg.job_key = crate::auth::JobKey::from_text(&get("BRAID_JOB_KEY").unwrap_or_default());
+        tracing::debug!(
+            launcher,
+            rank,
+            world,
+            store = cfg.store.as_deref().unwrap_or("none"),
+            how = how.as_deref().unwrap_or("as given"),
+            "launcher detected"
+        );
         Ok(cfg)
     }
 }
@@ -470,12 +519,16 @@ mod tests {
             cfg(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")]).unwrap();
         assert_eq!((t.rank, t.launcher), (1, "torchrun"));
         assert_eq!(t.store.as_deref(), Some("tcp://10.0.0.1:29500"));
-        let m =
-            cfg(&[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")])
-                .unwrap();
+        let m = cfg(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("BRAID_STORE", "tcp://h:1"),
+        ])
+        .unwrap();
         assert_eq!((m.rank, m.world_size, m.local_rank, m.local_size, m.launcher), (3, 8, Some(1), None, "mpi"));
-        let s = cfg(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]).unwrap();
-        assert_eq!((s.launcher, s.local_size), ("slurm", None));
+        let s = cfg(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("BRAID_STORE", "tcp://h:1")]).unwrap();
+        assert_eq!((s.launcher, s.local_size, s.store.as_deref()), ("slurm", None, Some("tcp://h:1")));
         let tf = r#"{"cluster": {"worker": ["10.0.0.2:2222", "10.0.0.3:2222"], "chief": ["10.0.0.1:2222"]},
                      "task": {"type": "worker", "index": 1}}"#;
         let t = cfg(&[("TF_CONFIG", tf)]);
@@ -506,15 +559,69 @@ mod tests {
         let torch = [("RANK", "5"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "4")];
         assert_eq!(local(&torch).unwrap(), (Some(1), Some(4)));
         let mpi = [("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_LOCAL_RANK", "3")];
-        assert_eq!(local(&[mpi[0], mpi[1], mpi[2], ("OMPI_COMM_WORLD_LOCAL_SIZE", "4")]).unwrap(), (Some(3), Some(4)));
-        let slurm = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1")];
-        assert_eq!(local(&[slurm[0], slurm[1], slurm[2], ("SLURM_NTASKS_PER_NODE", "2")]).unwrap(), (Some(1), Some(2)));
+        let store = ("BRAID_STORE", "tcp://h:1");
+        assert_eq!(
+            local(&[mpi[0], mpi[1], mpi[2], ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"), store]).unwrap(),
+            (Some(3), Some(4))
+        );
+        let slurm = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1"), store];
+        assert_eq!(
+            local(&[slurm[0], slurm[1], slurm[2], slurm[3], ("SLURM_NTASKS_PER_NODE", "2")]).unwrap(),
+            (Some(1), Some(2))
+        );
         // Slurm's hint in another shape is ignored, and a size of 0 says nothing.
         assert_eq!(
-            local(&[slurm[0], slurm[1], slurm[2], ("SLURM_NTASKS_PER_NODE", "2(x2)")]).unwrap(),
+            local(&[slurm[0], slurm[1], slurm[2], slurm[3], ("SLURM_NTASKS_PER_NODE", "2(x2)")]).unwrap(),
             (Some(1), None)
         );
-        assert_eq!(local(&[slurm[0], slurm[1], slurm[2], ("SLURM_NTASKS_PER_NODE", "0")]).unwrap(), (Some(1), None));
+        assert_eq!(
+            local(&[slurm[0], slurm[1], slurm[2], slurm[3], ("SLURM_NTASKS_PER_NODE", "0")]).unwrap(),
+            (Some(1), None)
+        );
+    }
+
+    #[test]
+    fn mpirun_and_srun_derive_a_store_when_braid_store_is_absent() {
+        let ompi = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_MCA_ess_base_jobid", "77")];
+        let one_host = cfg(&[ompi[0], ompi[1], ompi[2], ("OMPI_COMM_WORLD_LOCAL_SIZE", "4")]).unwrap();
+        assert_eq!((one_host.launcher, one_host.store.as_deref()), ("mpi", Some("local:ompi-77")));
+        let pmix = cfg(&[ompi[0], ompi[1], ompi[2], ("PMIX_NAMESPACE", "77"), ("PMIX_RANK", "1")]).unwrap();
+        assert_eq!(pmix.store.as_deref(), Some("pmix:77"));
+        let e = cfg(&[ompi[0], ompi[1], ompi[2], ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]).unwrap_err().to_string();
+        assert!(e.contains("-x BRAID_STORE=tcp://HOST:PORT"), "{e}");
+        // BRAID_STORE always wins.
+        let given =
+            cfg(&[ompi[0], ompi[1], ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"), ("BRAID_STORE", "tcp://h:1")]).unwrap();
+        assert_eq!(given.store.as_deref(), Some("tcp://h:1"));
+        let slurm = cfg(&[
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_STEP_NODELIST", "node[01-02]"),
+            ("SLURM_STEP_RESV_PORTS", "12000-12001"),
+        ])
+        .unwrap();
+        assert_eq!((slurm.rank, slurm.launcher, slurm.store.as_deref()), (2, "slurm", Some("slurm://node01:12000")));
+    }
+
+    #[test]
+    fn mpich_and_intel_mpi_ranks_are_recognised() {
+        let pmi = [("PMI_RANK", "2"), ("PMI_SIZE", "3"), ("MPI_LOCALRANKID", "0"), ("MPI_LOCALNRANKS", "1")];
+        let c = cfg(&[pmi[0], pmi[1], pmi[2], pmi[3], ("BRAID_STORE", "tcp://h:1")]).unwrap();
+        assert_eq!((c.rank, c.world_size, c.local_rank, c.local_size, c.launcher), (2, 3, Some(0), Some(1), "mpi"));
+        let e = cfg(&pmi).unwrap_err().to_string();
+        assert!(e.contains("PMI_RANK") && e.contains("-genv BRAID_STORE"), "{e}");
+        assert!(cfg(&[pmi[0]]).unwrap_err().to_string().contains("PMI_SIZE"));
+        // srun --mpi=pmi2 sets both; Slurm's branch, which derives the store, wins.
+        let both = cfg(&[
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+            ("SLURM_JOB_ID", "5"),
+        ])
+        .unwrap();
+        assert_eq!(both.launcher, "slurm");
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub fn connect_store(
         Ok(Arc::new(crate::bootstrap::FileStore::open(path)?))
     } else if url.starts_with("redis://") || url.starts_with("rediss://") {
         connect_redis(url, timeout)
+    } else if let Some(store) = crate::bootstrap::connect_launcher_store(url, host_if_absent, world_size, &key, timeout)
+    {
+        store
     } else {
         let url = redact_store_url(url);
         Err(Error::Config(format!("unsupported store URL `{url}` (expected tcp://HOST:PORT or file:///PATH)")))

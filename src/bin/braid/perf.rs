@@ -167,6 +167,12 @@ pub fn main(mut args: PerfArgs) -> i32 {
     }
     match Config::from_env() {
         Ok(cfg) => one_rank(args, cfg),
+        // Under a launcher, its variables are wrong or incomplete: say so, rather
+        // than start ranks of our own.
+        Err(e) if Config::launcher_present(|k| std::env::var(k).ok()) => {
+            eprintln!("braid perf: {e}");
+            1
+        }
         Err(_) => {
             // Not under a launcher: start --ranks copies of ourselves.
             if !plot_target_ok(&args) {
