@@ -1,0 +1,113 @@
+//! Run a launcher (mpirun, srun, a daemon) bounded in time: it starts in a process
+//! group of its own, its output is drained on threads, and past its limit the whole
+//! group gets SIGTERM (so a launcher can take its ranks down), then SIGKILL.
+//! Included with `#[path]` by the launcher tests.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What a bounded run left behind.
+pub struct Outcome {
+    /// None when it was killed at its limit.
+    pub status: Option<ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+    /// Everything it printed, for assertion messages.
+    pub fn dump(&self) -> String {
+        format!(
+            "status {:?} after {:.1?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+fn drain(r: Option<impl Read + Send + 'static>) -> Option<JoinHandle<String>> {
+    r.map(|mut r| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    })
+}
+
+/// Signal the process group `child` leads.
+pub fn signal_group(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on a group this test started.
+    unsafe { libc::kill(-(child.id() as i32), sig) };
+}
+
+/// Start `cmd` in its own process group with its output piped.
+pub fn spawn_group(cmd: &mut Command) -> Child {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    cmd.spawn().unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"))
+}
+
+/// Wait for `child` until `limit`; past it, SIGTERM its group, then SIGKILL.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Outcome {
+    let t0 = Instant::now();
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let mut status = None;
+    while t0.elapsed() < limit {
+        if let Some(s) = child.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if status.is_none() {
+        signal_group(&child, libc::SIGTERM);
+        let grace = Instant::now();
+        while grace.elapsed() < Duration::from_secs(3) && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        signal_group(&child, libc::SIGKILL);
+        let _ = child.wait();
+    }
+    let text = |h: Option<JoinHandle<String>>| h.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+    Outcome { status, stdout: text(out), stderr: text(err), elapsed: t0.elapsed() }
+}
+
+/// Run `cmd` to completion or `limit`.
+pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Outcome {
+    wait_bounded(spawn_group(cmd), limit)
+}
+
+/// Remove every `BRAID_*` variable this test process has from `cmd`'s environment.
+pub fn without_braid_env(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("BRAID_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// Whether `program --version` runs. When it does not: in CI (`CI=true`) the test
+/// fails naming what to install; elsewhere it is skipped with the reason on stderr.
+pub fn require(program: &str, install: &str) -> bool {
+    let found = Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        let why = format!("`{program}` is not installed (apt-get install {install})");
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("skipped: {why}");
+    }
+    found
+}
