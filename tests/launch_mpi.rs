@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use bounded::{require, run_bounded, without_braid_env, Outcome};
+use bounded::{can_run, require, run_bounded, without_braid_env, Outcome};
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 const OPS: [&str; 7] = ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier"];
@@ -28,12 +28,7 @@ fn have_mpi() -> bool {
     }
     let pmix =
         Command::new("sh").args(["-c", "ldconfig -p | grep -q 'libpmix.so.2 '"]).status().is_ok_and(|s| s.success());
-    if !pmix {
-        let why = "libpmix.so.2 is not installed (apt-get install libpmix2)";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-        eprintln!("skipped: {why}");
-    }
-    pmix
+    can_run((!pmix).then(|| "libpmix.so.2 is not installed (apt-get install libpmix2)".into()))
 }
 
 /// `mpirun -np 4 [prefix...] braid perf --op op --check` over 1K-16K, plus `env` (`-x K=V`).

@@ -222,7 +222,8 @@ fn derive_from_nodelist(get: &impl Fn(&str) -> Option<String>, rank: usize) -> R
     let store = if host.contains(':') { format!("slurm://[{host}]:{port}") } else { format!("slurm://{host}:{port}") };
     Ok(Derived {
         how: format!(
-            "launcher slurm without PMIx: the store's host {host} is the first of {var} ({hosts} hosts), the port {port} {port_how}"
+            "launcher slurm without PMIx: the store's host {host} is the first of {var} ({hosts} host{}), the port {port} {port_how}",
+            if hosts == 1 { "" } else { "s" }
         ),
         store,
     })

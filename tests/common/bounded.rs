@@ -95,19 +95,34 @@ pub fn without_braid_env(cmd: &mut Command) -> &mut Command {
     cmd
 }
 
-/// Whether `program --version` runs. When it does not: in CI (`CI=true`) the test
-/// fails naming what to install; elsewhere it is skipped with the reason on stderr.
-pub fn require(program: &str, install: &str) -> bool {
-    let found = Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        let why = format!("`{program}` is not installed (apt-get install {install})");
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-        eprintln!("skipped: {why}");
-    }
+/// Where `program` is: on PATH, or in /usr/sbin or /sbin (daemons).
+pub fn find_program(program: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+        .map(|d| std::path::Path::new(d).join(program))
+        .find(|p| p.is_file());
     found
+}
+
+/// Whether the test can go on: when `missing` names what it lacks, in CI
+/// (`CI=true`) the test fails saying so; elsewhere it is skipped with the reason on
+/// stderr.
+pub fn can_run(missing: Option<String>) -> bool {
+    match missing {
+        None => true,
+        Some(why) => {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+            eprintln!("skipped: {why}");
+            false
+        }
+    }
+}
+
+/// Whether `program` is installed (see [`can_run`]); `install` names the package.
+pub fn require(program: &str, install: &str) -> bool {
+    can_run(
+        find_program(program).is_none().then(|| format!("`{program}` is not installed (apt-get install {install})")),
+    )
 }
