@@ -139,3 +139,21 @@ fn mpirun_across_hosts_without_pmix_fails_at_once_with_the_hint() {
     assert!(out.status.is_some_and(|s| !s.success()), "{}", out.dump());
     assert!(out.stderr.matches(HINT).count() >= 1, "{}", out.dump());
 }
+
+#[test]
+fn a_rank_that_never_joins_the_fence_fails_the_others_within_their_timeout() {
+    if !have_mpi() {
+        return;
+    }
+    // Rank 3 is not braid: the fence that carries rank 0's address never completes.
+    let mut cmd = Command::new("mpirun");
+    without_braid_env(&mut cmd).args(["--allow-run-as-root", "--oversubscribe", "-x", "BRAID_TIMEOUT=3s", "-np", "3"]);
+    cmd.arg(BRAID).args(["perf", "-e", "4K", "--check", ":", "-np", "1", "sleep", "30"]);
+    let out = run_bounded(&mut cmd, Duration::from_secs(20));
+    assert!(out.status.is_some_and(|s| !s.success()), "{}", out.dump());
+    for rank in 0..3 {
+        let line = out.stderr.lines().find(|l| l.contains(&format!("rank {rank} (launcher PMIx")));
+        let line = line.unwrap_or_else(|| panic!("rank {rank} names PMIx: {}", out.dump()));
+        assert!(line.contains("every rank of the job must start braid") && line.contains("BRAID_STORE"), "{line}");
+    }
+}

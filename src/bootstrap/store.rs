@@ -37,8 +37,10 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// Open the store named by a URL: `tcp://HOST:PORT`, `file:///PATH` or (feature
-/// `redis`) `redis://…` ([`crate::bootstrap::RedisStore`]).
+/// Open the store named by a URL: `tcp://HOST:PORT`, `file:///PATH`, (feature
+/// `redis`) `redis://…` ([`crate::bootstrap::RedisStore`]), or one a launcher's
+/// variables derived ([`crate::config`]): `pmix:NAMESPACE[;else=URL]`, `local:ID`,
+/// `slurm://HOST:PORT`.
 ///
 /// For `tcp://`, when `host_if_absent` is true (rank 0) and nothing listens at the
 /// address yet, a server is started in this process and kept alive as long as the

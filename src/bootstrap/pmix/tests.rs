@@ -1,10 +1,14 @@
 use super::*;
 use std::mem::offset_of;
-use std::path::Path;
 use std::process::Command;
 
-/// Where Debian's libpmix-dev puts the header.
-const HEADER_DIR: &str = "/usr/lib/x86_64-linux-gnu/pmix2/include";
+/// Where libpmix-dev puts the header: Debian's multiarch directory, else the
+/// usual include directory.
+fn header_dir() -> Option<std::path::PathBuf> {
+    let multiarch = std::fs::read_dir("/usr/lib").ok()?.flatten().map(|e| e.path().join("pmix2/include"));
+    let mut candidates = multiarch.chain([std::path::PathBuf::from("/usr/include")]);
+    candidates.find(|d| d.join("pmix_common.h").is_file())
+}
 
 #[test]
 fn published_values_round_trip() {
@@ -88,17 +92,18 @@ fn a_client_skips_addresses_that_are_not_this_jobs_store() {
 /// offset braid relies on. Needs a C compiler and libpmix-dev (CI installs both).
 #[test]
 fn layouts_match_the_header() {
-    let header = Path::new(HEADER_DIR).join("pmix_common.h");
+    let dir = header_dir();
     let cc = Command::new("cc").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !header.exists() || !cc {
-        let why = format!("needs a C compiler and {} (apt install gcc libpmix-dev)", header.display());
+    let Some(dir) = dir.filter(|_| cc) else {
+        let why = "needs a C compiler and pmix_common.h (apt install gcc libpmix-dev)";
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
         eprintln!("skipped: {why}");
         return;
-    }
-    let dir = std::env::temp_dir().join(format!("braid-pmix-layout-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("layout.c");
+    };
+    let header = dir.join("pmix_common.h");
+    let scratch = std::env::temp_dir().join(format!("braid-pmix-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let src = scratch.join("layout.c");
     std::fs::write(
         &src,
         r#"#include <stdio.h>
@@ -115,11 +120,11 @@ int main(void) {
 "#,
     )
     .unwrap();
-    let exe = dir.join("layout");
-    let built = Command::new("cc").arg(format!("-I{HEADER_DIR}")).arg(&src).arg("-o").arg(&exe).output().unwrap();
+    let exe = scratch.join("layout");
+    let built = Command::new("cc").arg(format!("-I{}", dir.display())).arg(&src).arg("-o").arg(&exe).output().unwrap();
     assert!(built.status.success(), "cc: {}", String::from_utf8_lossy(&built.stderr));
     let out = Command::new(&exe).output().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&scratch);
     let got: Vec<u64> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|s| s.parse().unwrap()).collect();
     let ours: Vec<u64> = vec![
         std::mem::size_of::<PmixProc>() as u64,
