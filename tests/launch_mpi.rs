@@ -124,6 +124,13 @@ fn mpirun_across_hosts_without_pmix_fails_at_once_with_the_hint() {
     let out = run_bounded(&mut cmd, Duration::from_secs(5));
     assert!(out.status.is_some_and(|s| !s.success()), "{}", out.dump());
     assert!(out.stderr.contains(HINT) && out.stderr.contains("launcher mpi"), "{}", out.dump());
+    // PMIx's variables set but its library missing: no one-host fallback, so the
+    // same hint, and what to install.
+    cmd.env("PMIX_RANK", "0").env("PMIX_NAMESPACE", "12345").env("BRAID_PMIX_LIBRARY", "/nonexistent/libpmix.so.2");
+    let out = run_bounded(&mut cmd, Duration::from_secs(5));
+    assert!(out.status.is_some_and(|s| !s.success()), "{}", out.dump());
+    assert!(out.stderr.contains(HINT) && out.stderr.contains("apt install libpmix2"), "{}", out.dump());
+    assert!(out.stderr.contains("cannot load /nonexistent/libpmix.so.2"), "{}", out.dump());
     if !have_mpi() {
         return;
     }

@@ -227,7 +227,15 @@ impl Session {
     }
 }
 
-static SESSION: OnceLock<std::result::Result<Arc<Session>, String>> = OnceLock::new();
+/// Why PMIx cannot be used here: its library is missing, or the launcher's server
+/// did not take this client.
+#[derive(Clone, Debug)]
+enum Unusable {
+    Missing(String),
+    Refused(String),
+}
+
+static SESSION: OnceLock<std::result::Result<Arc<Session>, Unusable>> = OnceLock::new();
 /// Stores this process has met through PMIx so far: each gets its own key.
 static EXCHANGES: AtomicUsize = AtomicUsize::new(0);
 
@@ -239,16 +247,16 @@ extern "C" fn finalize_at_exit() {
 }
 
 /// Load the library and initialise PMIx once per process.
-fn session() -> std::result::Result<Arc<Session>, String> {
+fn session() -> std::result::Result<Arc<Session>, Unusable> {
     SESSION
         .get_or_init(|| {
             let library = std::env::var("BRAID_PMIX_LIBRARY").ok().filter(|s| !s.is_empty());
             let library = library.as_deref().unwrap_or(LIBRARY);
-            let api = Api::load(library).map_err(|e| format!("cannot load {library}: {e}"))?;
+            let api = Api::load(library).map_err(|e| Unusable::Missing(format!("cannot load {library}: {e}")))?;
             let mut me = PmixProc { nspace: [0; PMIX_MAX_NSLEN + 1], rank: 0 };
             // SAFETY: `me` is a valid pmix_proc_t to fill; no info.
             let status = unsafe { (api.init)(&mut me, std::ptr::null_mut(), 0) };
-            api.check("PMIx_Init", status)?;
+            api.check("PMIx_Init", status).map_err(Unusable::Refused)?;
             me.nspace[PMIX_MAX_NSLEN] = 0;
             // SAFETY: registering a plain extern "C" fn.
             unsafe { libc::atexit(finalize_at_exit) };
@@ -428,18 +436,32 @@ pub fn connect(
     key: JobKey,
     timeout: Duration,
 ) -> Result<Arc<dyn Store>> {
-    let session = match session() {
+    // Connecting to the launcher's PMIx server gets the same deadline as the fence.
+    let unusable = match with_deadline(timeout, "PMIx_Init".into(), || Ok(session())) {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(u)) => Err(u),
+        Err(late) => Err(Unusable::Refused(late)),
+    };
+    let session = match unusable {
         Ok(s) => s,
-        Err(why) => {
+        Err(u) => {
+            let why = match &u {
+                Unusable::Missing(m) | Unusable::Refused(m) => m.clone(),
+            };
             if let Some(url) = fallback {
                 tracing::info!(namespace, "PMIx is not usable ({why}); using the store derived without it: {url}");
                 return crate::bootstrap::connect_store(url, rank0, world_size, key, timeout);
             }
+            let fix = match u {
+                Unusable::Missing(_) => {
+                    "install libpmix2 (Debian/Ubuntu: apt install libpmix2), set BRAID_PMIX_LIBRARY to the libpmix.so of your MPI, or"
+                }
+                Unusable::Refused(_) => "the launcher's PMIx server did not take this process (are the PMIX_* variables left from another job?);",
+            };
             let rank = std::env::var("PMIX_RANK").unwrap_or_else(|_| "?".into());
             return Err(Error::Config(format!(
-                "rank {rank}: launched with PMIx (PMIX_NAMESPACE={namespace}) but {why}; install libpmix2 \
-                 (Debian/Ubuntu: apt install libpmix2), set BRAID_PMIX_LIBRARY to the libpmix.so of your MPI, \
-                 or pass the store to every rank: `mpirun -x BRAID_STORE=tcp://HOST:PORT ...` \
+                "rank {rank}: launched with PMIx (PMIX_NAMESPACE={namespace}) but {why}; {fix} \
+                 pass the store to every rank: `mpirun -x BRAID_STORE=tcp://HOST:PORT ...` \
                  (`srun --export=ALL,BRAID_STORE=tcp://HOST:PORT ...`), HOST:PORT a free port on rank 0's host"
             )));
         }
