@@ -180,10 +180,10 @@ impl Config {
             (rank, world, (num("BRAID_LOCAL_RANK")?, num("BRAID_LOCAL_WORLD_SIZE")?), get("BRAID_STORE"), "braid")
         } else if let Some(rank) = num("RANK")? {
             let world = num("WORLD_SIZE")?.ok_or_else(|| Error::Config("RANK is set but WORLD_SIZE is not".into()))?;
-            let store = get("BRAID_STORE").or_else(|| match (get("MASTER_ADDR"), get("MASTER_PORT")) {
-                (Some(a), Some(p)) => Some(format!("tcp://{a}:{p}")),
-                _ => None,
-            });
+            let store = match get("BRAID_STORE") {
+                Some(s) => Some(s),
+                None => crate::bootstrap::torch_store::torchrun_store_url(&get)?,
+            };
             (rank, world, (num("LOCAL_RANK")?, num("LOCAL_WORLD_SIZE")?), store, "torchrun")
         } else if let Some(rank) = num("OMPI_COMM_WORLD_RANK")? {
             let world = num("OMPI_COMM_WORLD_SIZE")?

@@ -1,4 +1,4 @@
-//! Bootstrap: how ranks find each other. A key-value [`Store`] (TCP, file, prefix)
+//! Bootstrap: how ranks find each other. A key-value [`Store`] (TCP, torch's TCPStore, file, prefix)
 //! carries each link's endpoint as opaque bytes; [`crate::config::Config`] reads who
 //! we are from the environment.
 
@@ -13,6 +13,7 @@ pub(crate) mod slurm;
 mod store;
 mod tcp_store;
 pub(crate) mod tf_config;
+pub(crate) mod torch_store;
 
 pub use file_store::FileStore;
 pub use mem_store::MemStore;
@@ -21,6 +22,9 @@ pub use prefix_store::PrefixStore;
 pub use redis_store::RedisStore;
 pub use store::{connect_store, redact_store_url, Store};
 pub use tcp_store::{StoreLimits, TcpStore, TcpStoreServer};
+#[doc(hidden)]
+pub use torch_store::mock::{MockFault, MockTorchServer};
+pub use torch_store::TorchStore;
 
 /// The stores a launcher's variables derive (see [`crate::config`]): `pmix:NAMESPACE[;else=URL]`
 /// ([`pmix`]), `local:ID` (a one-host private store, [`mpi`]) and `slurm://HOST:PORT`

@@ -37,7 +37,8 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// Open the store named by a URL: `tcp://HOST:PORT`, `file:///PATH`, (feature
+/// Open the store named by a URL: `tcp://HOST:PORT`, `torch://HOST:PORT[?prefix=P]`
+/// (a client of torch's TCPStore, keys under `P/`), `file:///PATH`, (feature
 /// `redis`) `redis://…` ([`crate::bootstrap::RedisStore`]), or one a launcher's
 /// variables derived ([`crate::config`]): `pmix:NAMESPACE[;else=URL]`, `local:ID`,
 /// `slurm://HOST:PORT`.
@@ -45,7 +46,8 @@ pub trait Store: Send + Sync {
 /// For `tcp://`, when `host_if_absent` is true (rank 0) and nothing listens at the
 /// address yet, a server is started in this process and kept alive as long as the
 /// returned store, as torch's TCPStore master does, with room for `world_size`
-/// ranks. Every TCP connection proves `key` (the file store has no handshake: the
+/// ranks; when torch's TCPStore already serves the address (torchrun's agent,
+/// `init_process_group`), every rank is its client instead. Every braid TCP connection proves `key` (the file store has no handshake: the
 /// file system's permissions guard it); `timeout` bounds connecting and every request.
 pub fn connect_store(
     url: &str,
@@ -55,7 +57,10 @@ pub fn connect_store(
     timeout: Duration,
 ) -> Result<Arc<dyn Store>> {
     if let Some(addr) = url.strip_prefix("tcp://") {
-        Ok(Arc::new(crate::bootstrap::TcpStore::connect_or_host(addr, host_if_absent, world_size, key, timeout)?))
+        // torch's TCPStore may already serve the address (torchrun, init_process_group).
+        crate::bootstrap::torch_store::detect::connect_tcp_url(addr, host_if_absent, world_size, key, timeout)
+    } else if let Some(rest) = url.strip_prefix("torch://") {
+        crate::bootstrap::torch_store::open_url(rest, timeout)
     } else if let Some(path) = url.strip_prefix("file://") {
         Ok(Arc::new(crate::bootstrap::FileStore::open(path)?))
     } else if url.starts_with("redis://") || url.starts_with("rediss://") {
@@ -65,7 +70,9 @@ pub fn connect_store(
         store
     } else {
         let url = redact_store_url(url);
-        Err(Error::Config(format!("unsupported store URL `{url}` (expected tcp://HOST:PORT or file:///PATH)")))
+        Err(Error::Config(format!(
+            "unsupported store URL `{url}` (expected tcp://HOST:PORT, torch://HOST:PORT, redis://HOST:PORT or file:///PATH)"
+        )))
     }
 }
 
