@@ -3,7 +3,7 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK`, `BRAID_LOCAL_WORLD_SIZE` | who this process is (`braid run` sets them) |
-//! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT`, `file:///PATH` or (feature `redis`) `redis://[USER:PASS@]HOST[:PORT][/DB][?prefix=P&ttl=T]` |
+//! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT`, `torch://HOST:PORT[?prefix=P]` (torch's TCPStore), `file:///PATH` or (feature `redis`) `redis://[USER:PASS@]HOST[:PORT][/DB][?prefix=P&ttl=T]` |
 //! | `BRAID_ALGO` | algorithms each collective may use, NCCL's syntax: `ring,tree`, `allreduce:ring;broadcast:chain`, `^tree`, or `auto` (default: the tuner picks among all) |
 //! | `BRAID_DETERMINISTIC` | `1`: reproducible mode, reducing collectives fold each element in rank order (bitwise-identical results whatever the algorithm, chunk size or host split) |
 //! | `BRAID_TUNER_PROBE` | `0`: the tuner keeps its built-in link costs instead of measuring them at start-up |
@@ -30,7 +30,9 @@
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
 //! When `BRAID_RANK` is absent, launchers are recognised: torchrun (`RANK`,
-//! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
+//! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`; with
+//! `TORCHELASTIC_USE_AGENT_STORE=True` every rank joins the agent's torch store there,
+//! keyed by `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT`), Open MPI
 //! (`OMPI_COMM_WORLD_*`), MPICH and Intel MPI (`PMI_RANK`, `PMI_SIZE`,
 //! `MPI_LOCALRANKID`, `MPI_LOCALNRANKS`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`,
 //! `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE`)
@@ -66,7 +68,7 @@ pub struct Config {
     /// How many ranks share this host, when a launcher says so (placement binds a
     /// rank that probed as alone by it, see [`crate::placement`]).
     pub local_size: Option<usize>,
-    /// Store URL (`tcp://HOST:PORT`, `file:///PATH`).
+    /// Store URL (`tcp://HOST:PORT`, `torch://HOST:PORT[?prefix=P]`, `file:///PATH`).
     pub store: Option<String>,
     /// Algorithms each collective may use; the tuner picks among them.
     pub algorithms: crate::tuner::AlgoPolicy,

@@ -166,7 +166,16 @@ impl CommunicatorBuilder {
                     )
                 })?;
                 let ident = StoreIdent::Url(url.to_string());
-                (connect_store(url, cfg.rank == 0, cfg.world_size, cfg.job_key.clone(), cfg.timeout)?, ident)
+                tracing::debug!(
+                    launcher = cfg.launcher,
+                    rank = cfg.rank,
+                    world = cfg.world_size,
+                    store = url,
+                    "meeting at the store"
+                );
+                let store = connect_store(url, cfg.rank == 0, cfg.world_size, cfg.job_key.clone(), cfg.timeout)
+                    .map_err(|e| crate::bootstrap::with_launch(e, &cfg, url))?;
+                (store, ident)
             }
         };
         let prefix = match self.name {

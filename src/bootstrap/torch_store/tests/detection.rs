@@ -17,7 +17,8 @@ fn rank_0_joins_torchs_store_where_it_would_have_waited_for_a_greeting() {
     let addr = m.addr().to_string();
     for host_if_absent in [true, false] {
         let start = Instant::now();
-        let store = connect_tcp_url(&addr, host_if_absent, 3, key(), Duration::from_secs(3)).unwrap();
+        let url = format!("tcp://{addr}");
+        let store = crate::bootstrap::connect_store(&url, host_if_absent, 3, key(), Duration::from_secs(3)).unwrap();
         assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
         store.set(&format!("from/{host_if_absent}"), b"v").unwrap();
         assert_eq!(client(&m).get(&format!("from/{host_if_absent}")).unwrap().unwrap(), b"v");
@@ -165,4 +166,18 @@ fn a_restarted_group_does_not_meet_the_keys_of_the_last_attempt() {
     assert_eq!(open("1").add("braid/comm0/claim/0", 1).unwrap(), 1);
     // The same attempt sees its own keys.
     assert_eq!(open("1").add("braid/comm0/claim/0", 1).unwrap(), 2);
+}
+
+#[test]
+fn a_failure_to_meet_names_the_launcher_what_it_derived_and_the_fix() {
+    let silent = MockTorchServer::start(MockFault::Silent).unwrap();
+    let port = silent.addr().port().to_string();
+    let vars = [TORCHRUN, &[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str()), ("BRAID_TIMEOUT", "300ms")]]
+        .concat();
+    let cfg = crate::config::Config::from_lookup(env(&vars)).unwrap();
+    let err = crate::CommunicatorBuilder::from_config(cfg).build().map(|_| ()).unwrap_err().to_string();
+    for part in ["launcher torchrun", "rank 2 of 3", "torch://127.0.0.1:", "did not answer torch's ping", "BRAID_STORE"]
+    {
+        assert!(err.contains(part), "`{part}` missing from: {err}");
+    }
 }
