@@ -16,7 +16,7 @@ mod redis_server;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use braid::bootstrap::{FileStore, MemStore, PrefixStore, Store, TcpStore, TcpStoreServer};
+use braid::bootstrap::{FileStore, MemStore, PrefixStore, Store, TcpStore, TcpStoreServer, TorchStore};
 use braid::{Communicator, Error, JobKey, ReduceOp, TransportKind};
 
 /// What a client gets for connecting and each request (the TCP store's
@@ -27,6 +27,9 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Beyond a wait's own timeout, how late its error may come (scheduling on a busy
 /// 2-core CI machine; a hang would run far past it).
 const LATE: Duration = Duration::from_secs(5);
+
+/// The python with torch and torch's own TCPStore server (shared with launch_torch.rs).
+mod torch;
 
 /// One fresh store under test.
 struct Fixture {
@@ -350,6 +353,37 @@ fn server_killed_mid_wait_fails_within_the_timeout(f: &Fixture) {
 }
 
 // ---------------------------------------------------------------------------
+// torch's TCPStore, through braid's client: the mock of torch's server and the real one.
+
+/// braid's torch store client on the mock of torch's server (the byte transcripts
+/// in src/bootstrap/torch_store pin the mock to torch's own replies).
+fn torch_mock_fixture() -> Option<Fixture> {
+    let server = Arc::new(braid::bootstrap::MockTorchServer::start(braid::bootstrap::MockFault::None).unwrap());
+    let addr = server.addr().to_string();
+    let held = server.clone();
+    Some(Fixture {
+        open: Box::new(move || Arc::new(TorchStore::connect(&addr, CLIENT_TIMEOUT).expect("torch store client"))),
+        kill: Mutex::new(Some(Box::new(move || held.kill()))),
+        _keep: vec![Box::new(server)],
+    })
+}
+
+/// braid's torch store client on torch's own (libuv) TCPStore server, in a python
+/// process of its own that the kill case kills (None: no torch, outside CI).
+fn torch_real_fixture() -> Option<Fixture> {
+    let python = torch::torch_python()?;
+    let server = torch::TorchServer::start(&python, "libuv");
+    let addr = format!("127.0.0.1:{}", server.port);
+    let server = Arc::new(Mutex::new(server));
+    let held = server.clone();
+    Some(Fixture {
+        open: Box::new(move || Arc::new(TorchStore::connect(&addr, CLIENT_TIMEOUT).expect("torch store client"))),
+        kill: Mutex::new(Some(Box::new(move || held.lock().unwrap().job.kill()))),
+        _keep: vec![Box::new(server)],
+    })
+}
+
+// ---------------------------------------------------------------------------
 // One #[test] per case per store.
 
 macro_rules! conformance {
@@ -391,3 +425,5 @@ conformance!(file, file_fixture);
 conformance!(tcp, tcp_fixture, with_server);
 #[cfg(feature = "redis")]
 conformance!(redis, redis_fixture, with_server);
+conformance!(torch_mock, torch_mock_fixture, with_server);
+conformance!(torch_real, torch_real_fixture, with_server);
