@@ -276,7 +276,9 @@ impl Store for TorchStore {
         }
         let until = Instant::now() + timeout.max(Duration::from_millis(1));
         let waited = self.call("wait", |s, deadline| {
-            wire::write_by(s, &wire::keys(wire::OP_WAIT, keys).0, deadline.min(until))?;
+            // The request gets the client's deadline even when the wait's own is
+            // (nearly) over: keys already set then come back through the cancel.
+            wire::write_by(s, &wire::keys(wire::OP_WAIT, keys).0, deadline)?;
             match wire::read_u8(s, until) {
                 Ok(wire::WAIT_STOP_WAITING) => return Ok(Waited::AllSet),
                 Ok(other) => return Err(invalid(format!("WAIT answered {other}, not STOP_WAITING (0)"))),

@@ -142,6 +142,34 @@ fn a_wait_sees_a_later_set_while_other_calls_go_on() {
     s.set("y", b"2").unwrap();
     waiter.join().unwrap().unwrap();
     s.wait(&[], Duration::from_millis(1)).unwrap();
+    // Keys that are set satisfy a wait whose timeout is over before it is sent.
+    s.wait(&["x", "y"], Duration::from_nanos(1)).unwrap();
+}
+
+#[test]
+fn a_wait_whose_keys_come_as_it_is_cancelled_succeeds() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut hello = [0u8; 10];
+        c.read_exact(&mut hello).unwrap();
+        c.write_all(&hello[6..]).unwrap();
+        let wait = wire::keys(wire::OP_WAIT, &["k"]).0;
+        let mut req = vec![0u8; wait.len()];
+        c.read_exact(&mut req).unwrap();
+        assert_eq!(req, wait);
+        let mut cancel = [0u8; 1];
+        c.read_exact(&mut cancel).unwrap();
+        assert_eq!(cancel[0], wire::OP_CANCEL_WAIT);
+        // The keys were set just before the cancel arrived: torch answers both.
+        c.write_all(&[wire::WAIT_STOP_WAITING, wire::WAIT_CANCELED]).unwrap();
+        let _ = c.read(&mut cancel);
+    });
+    let s = TorchStore::connect(&addr.to_string(), T).unwrap();
+    s.wait(&["k"], Duration::from_millis(100)).unwrap();
+    drop(s);
+    server.join().unwrap();
 }
 
 #[test]
