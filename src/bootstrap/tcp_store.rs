@@ -54,6 +54,7 @@ use std::time::{Duration, Instant};
 use crate::auth::{self, JobKey, PROOF_LEN};
 use crate::bootstrap::Store;
 use crate::error::{Error, Result};
+pub(crate) use resolve::route_source;
 use resolve::{resolve_within, Hosting};
 use server::bind_wildcard;
 pub use server::{StoreLimits, TcpStoreServer};

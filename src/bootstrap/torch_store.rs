@@ -236,6 +236,13 @@ enum Waited {
 }
 
 impl Store for TorchStore {
+    /// The local address of the route to torch's server: TCP links listen there by
+    /// default (under torchrun every rank reaches the agent's store, so its peers
+    /// reach that address too).
+    fn route_source(&self) -> Option<std::net::IpAddr> {
+        crate::bootstrap::tcp_store::route_source(&[self.peer])
+    }
+
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         check_key(key)?;
         if value.len() > wire::MAX_VALUE {

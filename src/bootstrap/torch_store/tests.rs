@@ -207,6 +207,14 @@ fn concurrent_adds_count_exactly() {
     assert_eq!(s.add("n", 0).unwrap(), 300);
 }
 
+/// TCP links listen on the route to the store by default: torch's store gives it as
+/// braid's does (the mock listens on loopback, so the route starts there).
+#[test]
+fn the_route_to_torchs_store_is_known() {
+    let m = mock();
+    assert_eq!(client(&m).route_source(), Some(m.addr().ip()));
+}
+
 #[test]
 fn a_torch_url_keys_under_its_prefix() {
     let m = mock();
