@@ -67,7 +67,7 @@ typedef enum braid_result {
    */
   BRAID_ERR_INTERNAL,
   /**
-   * `braid_work_test` only: the work has not finished yet.
+   * `braid_work_test` and `braid_work_wait_timeout` only: the work has not finished yet.
    */
   BRAID_IN_PROGRESS,
 } braid_result;
@@ -461,9 +461,46 @@ enum braid_result braid_comm_split(struct braid_comm *comm,
                                    struct braid_comm **out);
 
 /**
- * Destroy a communicator. Async work still outstanding on it finishes first (this
- * call blocks until it has; its `braid_work` handles stay valid to wait on and
- * free). The handle is invalid afterwards.
+ * A second communicator over the same ranks as `comm`, each keeping its rank
+ * (MPI's `MPI_Comm_dup`), with its own links and call order: it may run calls at
+ * the same time as `comm`. Collective: every rank of `comm` calls it, in the same
+ * order relative to its other splits and dups of `comm`. On success `*out` is the
+ * new communicator; on failure `*out` is NULL.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `out` is NULL or valid for writing a pointer.
+ */
+enum braid_result braid_comm_dup(struct braid_comm *comm, struct braid_comm **out);
+
+/**
+ * A communicator of the `nranks` ranks of `comm` listed in `ranks` (torch's
+ * `new_group`), formed by those ranks alone: each calls it with the same list,
+ * and ranks not listed do not call it. Rank `ranks[i]` of `comm` is rank `i` of
+ * the new communicator (the list need not be sorted). An empty list, a rank
+ * listed twice or outside `comm`, and a call by a rank not listed are
+ * `BRAID_ERR_INVALID_ARGUMENT`. On success `*out` is the new communicator; on
+ * failure `*out` is NULL.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `ranks` is NULL or valid for reading `nranks`
+ * ints; `out` is NULL or valid for writing a pointer.
+ */
+enum braid_result braid_comm_new_group(struct braid_comm *comm,
+                                       const int *ranks,
+                                       size_t nranks,
+                                       struct braid_comm **out);
+
+/**
+ * Destroy a communicator, reporting whether every rank closed it in order.
+ * Collective: every rank calls it, in the same order relative to its other calls
+ * on `comm`. Async work still outstanding on it finishes first (this call blocks
+ * until it has; its `braid_work` handles stay valid to wait on and free); then the
+ * ranks confirm to each other that each reached its destroy, within the
+ * communicator's timeout. The error (`BRAID_ERR_REMOTE`, `BRAID_ERR_TIMEOUT`, ...,
+ * with `braid_last_error()` naming the peer) says a peer exited, was killed,
+ * aborted or did not come. A communicator that was aborted or broken by a failed
+ * call is destroyed without the exchange and returns `BRAID_SUCCESS`. The handle
+ * is freed and invalid afterwards, whatever the result.
  *
  * # Safety
  * `comm` is NULL or a live handle that no other thread is using.
@@ -516,6 +553,18 @@ enum braid_result braid_work_wait(struct braid_work *w);
  * `w` is NULL or a live handle that no other thread is using.
  */
 enum braid_result braid_work_test(struct braid_work *w);
+
+/**
+ * Block until the work has completed or `timeout_ms` milliseconds have passed,
+ * whichever comes first: `BRAID_IN_PROGRESS` when the time ran out first (the
+ * work still runs and its buffers are still braid's: wait, test or wait with a
+ * timeout again), else its result as `braid_work_wait` gives it. A timeout of 0
+ * only looks, as `braid_work_test` does.
+ *
+ * # Safety
+ * `w` is NULL or a live handle that no other thread is using.
+ */
+enum braid_result braid_work_wait_timeout(struct braid_work *w, uint64_t timeout_ms);
 
 /**
  * Free a work handle. Work that has not completed is waited for first (this call

@@ -1,4 +1,4 @@
-//! Communicators: create, split, query, abort, destroy.
+//! Communicators: create, split, dup, group, query, abort, destroy.
 
 use std::ffi::{c_char, c_int, CStr};
 
@@ -122,9 +122,80 @@ pub unsafe extern "C" fn braid_comm_split(
     })
 }
 
-/// Destroy a communicator. Async work still outstanding on it finishes first (this
-/// call blocks until it has; its `braid_work` handles stay valid to wait on and
-/// free). The handle is invalid afterwards.
+/// A second communicator over the same ranks as `comm`, each keeping its rank
+/// (MPI's `MPI_Comm_dup`), with its own links and call order: it may run calls at
+/// the same time as `comm`. Collective: every rank of `comm` calls it, in the same
+/// order relative to its other splits and dups of `comm`. On success `*out` is the
+/// new communicator; on failure `*out` is NULL.
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_dup(comm: *mut braid_comm, out: *mut *mut braid_comm) -> braid_result {
+    entry("braid_comm_dup", || {
+        // SAFETY: the caller's promise on `out`.
+        unsafe { put(out, "out", std::ptr::null_mut())? };
+        // SAFETY: the caller's promise on `comm`.
+        let child = unsafe { live(comm)? }.dup()?;
+        // SAFETY: as above.
+        unsafe { put(out, "out", handle(child))? };
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// A communicator of the `nranks` ranks of `comm` listed in `ranks` (torch's
+/// `new_group`), formed by those ranks alone: each calls it with the same list,
+/// and ranks not listed do not call it. Rank `ranks[i]` of `comm` is rank `i` of
+/// the new communicator (the list need not be sorted). An empty list, a rank
+/// listed twice or outside `comm`, and a call by a rank not listed are
+/// `BRAID_ERR_INVALID_ARGUMENT`. On success `*out` is the new communicator; on
+/// failure `*out` is NULL.
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `ranks` is NULL or valid for reading `nranks`
+/// ints; `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_new_group(
+    comm: *mut braid_comm,
+    ranks: *const c_int,
+    nranks: usize,
+    out: *mut *mut braid_comm,
+) -> braid_result {
+    entry("braid_comm_new_group", || {
+        // SAFETY: the caller's promise on `out`.
+        unsafe { put(out, "out", std::ptr::null_mut())? };
+        // SAFETY: the caller's promise on `comm`.
+        let c = unsafe { live(comm)? };
+        if ranks.is_null() {
+            return Err(Fail::invalid("ranks is NULL"));
+        }
+        if nranks > c.world_size() {
+            return Err(Fail::invalid(format!(
+                "{nranks} ranks listed for a communicator of {}: one is listed twice or out of range",
+                c.world_size()
+            )));
+        }
+        // SAFETY: not null, and `nranks` ints (the caller's promise; bounded above).
+        let list = unsafe { std::slice::from_raw_parts(ranks, nranks) };
+        // A negative rank becomes one no communicator has, refused as out of range.
+        let list: Vec<usize> = list.iter().map(|&r| usize::try_from(r).unwrap_or(usize::MAX)).collect();
+        let child = c.new_group(&list)?;
+        // SAFETY: as above.
+        unsafe { put(out, "out", handle(child))? };
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// Destroy a communicator, reporting whether every rank closed it in order.
+/// Collective: every rank calls it, in the same order relative to its other calls
+/// on `comm`. Async work still outstanding on it finishes first (this call blocks
+/// until it has; its `braid_work` handles stay valid to wait on and free); then the
+/// ranks confirm to each other that each reached its destroy, within the
+/// communicator's timeout. The error (`BRAID_ERR_REMOTE`, `BRAID_ERR_TIMEOUT`, ...,
+/// with `braid_last_error()` naming the peer) says a peer exited, was killed,
+/// aborted or did not come. A communicator that was aborted or broken by a failed
+/// call is destroyed without the exchange and returns `BRAID_SUCCESS`. The handle
+/// is freed and invalid afterwards, whatever the result.
 ///
 /// # Safety
 /// `comm` is NULL or a live handle that no other thread is using.
@@ -135,7 +206,8 @@ pub unsafe extern "C" fn braid_comm_destroy(comm: *mut braid_comm) -> braid_resu
             return Err(Fail::invalid("the communicator is NULL"));
         }
         // SAFETY: a handle from `handle` (Box::into_raw), destroyed once (the caller's promise).
-        drop(unsafe { Box::from_raw(comm) });
+        let owned = unsafe { Box::from_raw(comm) };
+        owned.comm.destroy()?;
         Ok(BRAID_SUCCESS)
     })
 }

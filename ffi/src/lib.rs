@@ -50,7 +50,7 @@ pub enum braid_result {
     /// An internal error: a communicator broken by an earlier failure, a device
     /// error, or a bug (a panic inside braid).
     BRAID_ERR_INTERNAL,
-    /// `braid_work_test` only: the work has not finished yet.
+    /// `braid_work_test` and `braid_work_wait_timeout` only: the work has not finished yet.
     BRAID_IN_PROGRESS,
 }
 

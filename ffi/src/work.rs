@@ -79,6 +79,31 @@ pub unsafe extern "C" fn braid_work_test(w: *mut braid_work) -> braid_result {
     })
 }
 
+/// Block until the work has completed or `timeout_ms` milliseconds have passed,
+/// whichever comes first: `BRAID_IN_PROGRESS` when the time ran out first (the
+/// work still runs and its buffers are still braid's: wait, test or wait with a
+/// timeout again), else its result as `braid_work_wait` gives it. A timeout of 0
+/// only looks, as `braid_work_test` does.
+///
+/// # Safety
+/// `w` is NULL or a live handle that no other thread is using.
+#[no_mangle]
+pub unsafe extern "C" fn braid_work_wait_timeout(w: *mut braid_work, timeout_ms: u64) -> braid_result {
+    entry("braid_work_wait_timeout", || {
+        // SAFETY: the caller's promise.
+        let w = unsafe { work_mut(w)? };
+        if let State::Running(work) = &mut w.state {
+            match work.wait_timeout(std::time::Duration::from_millis(timeout_ms)) {
+                Ok(None) => return Ok(BRAID_IN_PROGRESS),
+                Ok(Some(())) => w.state = State::Done(Ok(())),
+                Err(e) => w.state = State::Done(Err(Fail::from(e))),
+            }
+        }
+        w.finish()?;
+        Ok(BRAID_SUCCESS)
+    })
+}
+
 /// Free a work handle. Work that has not completed is waited for first (this call
 /// blocks until braid no longer uses the call's buffers, so they may be freed right
 /// after); its result is then dropped — wait or test first to learn it. Returns

@@ -9,14 +9,14 @@
 //! Communicators coexist: each has its own id (a hash of its store namespace and a
 //! nonce rank 0 draws), carried and checked in every frame, so several can share a
 //! store and a process, one after another or at once (see [`CommunicatorBuilder`]
-//! for the store keys), and [`Communicator::split`] makes sub-communicators with
-//! their own ids and links. [`Communicator::abort`] stops every pending and later
+//! for the store keys), and [`Communicator::split`], [`Communicator::dup`] and
+//! [`Communicator::new_group`] make sub-communicators with their own ids and links. [`Communicator::abort`] stops every pending and later
 //! call on any thread; a call that panics passes its turn on and leaves the
 //! communicator broken, so no later call waits for it.
 //!
 //! Files: `mod.rs` the public API; `calls.rs` argument checks and buffer layout;
 //! `turn.rs` issue-order ticketing and abort; `engine.rs` running one call on the
-//! links; `builder.rs` building over a store; `split.rs` sub-communicators;
+//! links; `builder.rs` building over a store; `split.rs` sub-communicators (split, dup, new_group);
 //! `binding.rs` binding a communicator to a device (single-copy peers).
 
 mod binding;
@@ -73,9 +73,36 @@ impl<R> Work<R> {
     pub fn wait(mut self) -> Result<R> {
         match self.done.take() {
             Some(r) => r,
-            None => self.rx.recv().unwrap_or_else(|_| Err(Error::Broken("the communicator's worker stopped".into()))),
+            None => self.rx.recv().unwrap_or_else(|_| Err(worker_stopped())),
         }
     }
+
+    /// Block until the call finishes or `timeout` passes, whichever comes first.
+    ///
+    /// `Ok(Some(r))`: it finished with `r`; `Ok(None)`: it still runs (the Work stays
+    /// pending: test it, wait again, or `wait`); `Err(e)`: it failed with `e`. Once
+    /// this has returned the result (or the error), the Work is spent: a later
+    /// `wait` or `wait_timeout` is [`Error::InvalidArgument`], and `test` says done.
+    /// A zero timeout only looks, as [`Work::test`] does.
+    pub fn wait_timeout(&mut self, timeout: std::time::Duration) -> Result<Option<R>> {
+        if self.done.is_none() {
+            match self.rx.recv_timeout(timeout) {
+                Ok(r) => self.done = Some(r),
+                Err(mpsc::RecvTimeoutError::Timeout) => return Ok(None),
+                Err(mpsc::RecvTimeoutError::Disconnected) => self.done = Some(Err(worker_stopped())),
+            }
+        }
+        let spent = Err(Error::InvalidArgument("this work's result was already returned by wait_timeout".into()));
+        match self.done.replace(spent) {
+            Some(r) => r.map(Some),
+            None => unreachable!("set above"),
+        }
+    }
+}
+
+/// The error of a Work whose job was dropped unrun (the worker thread ended).
+fn worker_stopped() -> Error {
+    Error::Broken("the communicator's worker stopped".into())
 }
 
 /// A group of ranks that run collectives together.
@@ -89,8 +116,10 @@ pub struct Communicator {
     /// the rendezvous store for the communicator's life: when this rank hosts it,
     /// dropping it would stop the server under ranks still setting up.
     origin: Origin,
-    /// Splits so far (names each split's store namespace).
+    /// Splits and dups so far (names each child's store namespace).
     splits: AtomicU64,
+    /// `new_group` calls so far, by rank list: only the listed ranks count them.
+    groups: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
     comm_id: u32,
     transports: Vec<Option<TransportKind>>,
     worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
@@ -220,6 +249,7 @@ impl Communicator {
             core: Arc::new(Core { rank, world, shared: Shared::new(engine, aborted) }),
             origin: Origin::Links,
             splits: AtomicU64::new(0),
+            groups: Mutex::new(std::collections::HashMap::new()),
             comm_id,
             transports,
             worker: Mutex::new(None),
@@ -263,6 +293,35 @@ impl Communicator {
     /// the call in flight. Cannot be undone.
     pub fn abort(&self) {
         self.core.shared.abort();
+    }
+
+    /// Close this communicator and report whether every rank closed it in order:
+    /// what dropping it cannot report.
+    ///
+    /// Collective: every rank calls `destroy`, in the same order relative to its
+    /// other calls on this communicator (as MPI's `MPI_Comm_free`). Queued async
+    /// work finishes first; then the ranks confirm to each other that each reached
+    /// its close (a barrier, under the communicator's timeout) and say goodbye.
+    /// The error names the peer that did not: one that exited or was killed, one
+    /// that aborted, one that dropped its communicator instead, or one that did not
+    /// come within the timeout.
+    ///
+    /// A communicator that was aborted, or broken by a failed call, closes without
+    /// the exchange and returns `Ok`: its failure has been reported already.
+    pub fn destroy(self) -> Result<()> {
+        self.finish_async();
+        let settled = self.is_aborted() || self.core.shared.lock_engine().broken.is_some();
+        let confirmed = if settled { Ok(()) } else { self.barrier() };
+        drop(self);
+        confirmed
+    }
+
+    /// Run the queued async work to its end and stop the worker thread.
+    fn finish_async(&self) {
+        if let Some((sender, handle)) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            drop(sender);
+            let _ = handle.join();
+        }
     }
 
     /// Whether [`Communicator::abort`] was called.
@@ -471,9 +530,6 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Finish queued async work first: its tickets precede nothing else.
-        if let Some((sender, handle)) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            drop(sender);
-            let _ = handle.join();
-        }
+        self.finish_async();
     }
 }

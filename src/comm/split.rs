@@ -1,18 +1,21 @@
-//! `Communicator::split`: sub-communicators by color, ordered by key (NCCL's
-//! `ncclCommSplit`, MPI's `MPI_Comm_split`).
+//! Sub-communicators: `split` by color, ordered by key (NCCL's `ncclCommSplit`,
+//! MPI's `MPI_Comm_split`), `dup` (the same ranks again, `MPI_Comm_dup`) and
+//! `new_group` from a rank list (torch's `new_group`).
 //!
-//! The parent all-gathers every rank's (color, key) through its own collectives;
-//! ranks of one color form a group, ranked by (key, parent rank). A group built
-//! over a store connects under `{parent prefix}/split{n}/c{color}` with its own
-//! claims, nonce, id and links; a group of threads (`Communicator::in_process`)
-//! gets its own in-memory links. Either way the child is independent of its parent
-//! and its siblings: all may run calls at the same time.
+//! For a split the parent all-gathers every rank's (color, key) through its own
+//! collectives; ranks of one color form a group, ranked by (key, parent rank). A
+//! dup needs no exchange: every rank is its own rank again. A group from a list is
+//! formed by the listed ranks alone, ranked in list order. A child built over a
+//! store connects under `{parent prefix}/{name}` (`split{n}/c{color}`, `dup{n}`,
+//! `group{list}/{k}`) with its own claims, nonce, id and links; a child of threads
+//! (`Communicator::in_process`) gets its own in-memory links. Either way the child
+//! is independent of its parent and its siblings: all may run calls at the same time.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use super::builder::{comm_id, connect};
+use super::builder::{comm_id, connect, fnv32};
 use super::{Communicator, Origin};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -97,11 +100,7 @@ impl Communicator {
     /// links (inside the crate, for tests) cannot be split.
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
         let (rank, world) = (self.rank(), self.world_size());
-        if matches!(self.origin, Origin::Links) {
-            return Err(Error::Unsupported(format!(
-                "rank {rank}: split needs a communicator built from a store or in_process, not from_links"
-            )));
-        }
+        self.can_have_children("split")?;
         // Counted on every rank in the same order, since split is collective.
         let n = self.splits.fetch_add(1, Ordering::Relaxed);
         let mine = [color.map_or(NO_COLOR, i64::from), i64::from(key)];
@@ -131,18 +130,109 @@ impl Communicator {
         let sub_world = members.len();
         let name = format!("split{n}/c{color}");
         tracing::debug!(rank, color, key, new_rank, sub_world, name, "split");
-        let child = match &self.origin {
+        self.child(&name, new_rank, sub_world).map(Some)
+    }
+
+    /// A second communicator over the same ranks, each keeping its rank (MPI's
+    /// `MPI_Comm_dup`): for a second stream of collectives beside this one, such as
+    /// a [`crate::fusion::Fuser`] beside a training loop. Collective: every rank
+    /// calls it, in the same order relative to its other `split`s and `dup`s of
+    /// this communicator.
+    ///
+    /// The new communicator has its own id, links and call order, the settings
+    /// this one was built with, and may be used at the same time as this one.
+    /// Needs a communicator built from a store or with [`Communicator::in_process`].
+    pub fn dup(&self) -> Result<Communicator> {
+        self.can_have_children("dup")?;
+        let n = self.splits.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(rank = self.rank(), n, "dup");
+        self.child(&format!("dup{n}"), self.rank(), self.world_size())
+    }
+
+    /// A communicator of the ranks in `ranks` (torch's `new_group`), formed by those
+    /// ranks alone: each of them calls `new_group` with the same list, and ranks not
+    /// listed do not call it (they may run anything meanwhile, this communicator's
+    /// collectives excepted, which need every rank). Rank `ranks[i]` of this
+    /// communicator is rank `i` of the new one, so the list need not be sorted.
+    ///
+    /// Refused with [`Error::InvalidArgument`]: an empty list, a rank listed twice,
+    /// a rank outside this communicator, and a call by a rank not in the list.
+    /// The members must call `new_group` with equal lists in the same order
+    /// relative to each other; members that pass different lists do not meet and
+    /// fail at the communicator's timeout. The new communicator is independent of
+    /// this one, as a split's is.
+    pub fn new_group(&self, ranks: &[usize]) -> Result<Communicator> {
+        let (rank, world) = (self.rank(), self.world_size());
+        let refuse = |why: String| Err(Error::InvalidArgument(format!("rank {rank}: new_group({ranks:?}): {why}")));
+        if ranks.is_empty() {
+            return refuse("the list of ranks is empty".into());
+        }
+        let mut listed = vec![false; world];
+        for &r in ranks {
+            match listed.get_mut(r) {
+                None => return refuse(format!("rank {r} is not a rank of this {world}-rank communicator")),
+                Some(true) => return refuse(format!("rank {r} is listed twice")),
+                Some(seen) => *seen = true,
+            }
+        }
+        let Some(new_rank) = ranks.iter().position(|&r| r == rank) else {
+            return refuse("this rank is not listed: only the listed ranks call new_group".into());
+        };
+        self.can_have_children("new_group")?;
+        // Counted per list, by the listed ranks only: other ranks' counts of splits
+        // and of other lists stay in step whatever groups they are not part of.
+        let k = {
+            let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+            let count = groups.entry(ranks.to_vec()).or_insert(0);
+            *count += 1;
+            *count - 1
+        };
+        let name = format!("group{}/{k}", list_name(ranks));
+        tracing::debug!(rank, new_rank, sub_world = ranks.len(), name, "new_group");
+        self.child(&name, new_rank, ranks.len())
+    }
+
+    /// Refuse making children of a communicator that cannot have them.
+    fn can_have_children(&self, what: &str) -> Result<()> {
+        let rank = self.rank();
+        if self.is_aborted() {
+            return Err(Error::Aborted { rank, call: None });
+        }
+        if matches!(self.origin, Origin::Links) {
+            return Err(Error::Unsupported(format!(
+                "rank {rank}: {what} needs a communicator built from a store or in_process, not from_links"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Rank `new_rank` of the `sub_world`-rank child `name` (under this
+    /// communicator's namespace), formed with the other ranks that join `name`.
+    fn child(&self, name: &str, new_rank: usize, sub_world: usize) -> Result<Communicator> {
+        match &self.origin {
             Origin::Store(o) => {
                 let mut cfg = o.cfg.clone();
                 cfg.rank = new_rank;
                 cfg.world_size = sub_world;
                 // A fault plan names ranks and links of the parent, not of its children.
                 cfg.fault = None;
-                connect(cfg, o.store.clone(), format!("{}/{name}", o.prefix), o.label.clone())?
+                connect(cfg, o.store.clone(), format!("{}/{name}", o.prefix), o.label.clone())
             }
-            Origin::InProcess(group) => group.join(&name, new_rank, sub_world)?,
-            Origin::Links => unreachable!("checked above"),
-        };
-        Ok(Some(child))
+            Origin::InProcess(group) => group.join(name, new_rank, sub_world),
+            Origin::Links => {
+                Err(Error::Unsupported(format!("rank {}: {name} of a from_links communicator", self.rank())))
+            }
+        }
     }
+}
+
+/// A rank list as a store-key component: the ranks themselves while short, their
+/// number and a hash of them beyond.
+fn list_name(ranks: &[usize]) -> String {
+    let text = ranks.iter().map(usize::to_string).collect::<Vec<_>>().join(".");
+    if text.len() <= 64 {
+        return text;
+    }
+    let bytes: Vec<u8> = ranks.iter().flat_map(|&r| (r as u64).to_le_bytes()).collect();
+    format!("{}x{:08x}", ranks.len(), fnv32(&[&bytes]))
 }
