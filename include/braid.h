@@ -559,12 +559,13 @@ enum braid_result braid_work_test(struct braid_work *w);
  * whichever comes first: `BRAID_IN_PROGRESS` when the time ran out first (the
  * work still runs and its buffers are still braid's: wait, test or wait with a
  * timeout again), else its result as `braid_work_wait` gives it. A timeout of 0
- * only looks, as `braid_work_test` does.
+ * only looks, as `braid_work_test` does; a negative one is
+ * `BRAID_ERR_INVALID_ARGUMENT`.
  *
  * # Safety
  * `w` is NULL or a live handle that no other thread is using.
  */
-enum braid_result braid_work_wait_timeout(struct braid_work *w, uint64_t timeout_ms);
+enum braid_result braid_work_wait_timeout(struct braid_work *w, int timeout_ms);
 
 /**
  * Free a work handle. Work that has not completed is waited for first (this call

@@ -1,5 +1,7 @@
 //! Work handles of asynchronous calls.
 
+use std::ffi::c_int;
+
 use braid::Work;
 
 use crate::braid_result::{self, *};
@@ -83,15 +85,18 @@ pub unsafe extern "C" fn braid_work_test(w: *mut braid_work) -> braid_result {
 /// whichever comes first: `BRAID_IN_PROGRESS` when the time ran out first (the
 /// work still runs and its buffers are still braid's: wait, test or wait with a
 /// timeout again), else its result as `braid_work_wait` gives it. A timeout of 0
-/// only looks, as `braid_work_test` does.
+/// only looks, as `braid_work_test` does; a negative one is
+/// `BRAID_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `w` is NULL or a live handle that no other thread is using.
 #[no_mangle]
-pub unsafe extern "C" fn braid_work_wait_timeout(w: *mut braid_work, timeout_ms: u64) -> braid_result {
+pub unsafe extern "C" fn braid_work_wait_timeout(w: *mut braid_work, timeout_ms: c_int) -> braid_result {
     entry("braid_work_wait_timeout", || {
         // SAFETY: the caller's promise.
         let w = unsafe { work_mut(w)? };
+        let timeout_ms = u64::try_from(timeout_ms)
+            .map_err(|_| Fail::invalid(format!("timeout_ms is {timeout_ms}: a timeout is 0 or more milliseconds")))?;
         if let State::Running(work) = &mut w.state {
             match work.wait_timeout(std::time::Duration::from_millis(timeout_ms)) {
                 Ok(None) => return Ok(BRAID_IN_PROGRESS),

@@ -1,5 +1,6 @@
 /* braid_comm_split: two halves of a 4-rank job run collectives at the same time,
- * each checking its own results; then a split where one rank joins no group.
+ * each checking its own results; then a split where one rank joins no group;
+ * then braid_comm_dup, braid_comm_new_group and braid_work_wait_timeout.
  * Run on 4 ranks: braid run -n 4 ./split */
 #include "check.h"
 
@@ -62,6 +63,57 @@ int main(void) {
     } else {
         CHECK(0, "color 7 gave no communicator");
     }
+
+    /* dup: the same ranks again; its async all-reduce is in flight across a parent
+     * call, polled with braid_work_wait_timeout; exact results on both. */
+    braid_comm *twin = NULL;
+    EXPECT_OK(braid_comm_dup(world_comm, &twin));
+    if (twin) {
+        EXPECT_OK(braid_comm_rank(twin, &r));
+        EXPECT_OK(braid_comm_size(twin, &n));
+        CHECK(r == g_rank && n == 4, "dup: rank %d of %d", r, n);
+        for (int i = 0; i < 20; i++) {
+            int32_t a = g_rank + i, b = g_rank * i;
+            braid_work *w = NULL;
+            EXPECT_OK(braid_all_reduce_async(&a, &a, 1, BRAID_I32, BRAID_SUM, twin, &w));
+            EXPECT_OK(braid_all_reduce(&b, &b, 1, BRAID_I32, BRAID_SUM, world_comm));
+            braid_result rc;
+            while ((rc = braid_work_wait_timeout(w, 1)) == BRAID_IN_PROGRESS) {
+            }
+            CHECK(rc == BRAID_SUCCESS, "dup all_reduce %d: %d %s", i, (int)rc, braid_last_error());
+            EXPECT_OK(braid_work_free(w));
+            CHECK(a == 6 + 4 * i && b == 6 * i, "dup/parent all_reduce %d: %d %d", i, a, b);
+        }
+        EXPECT_OK(braid_comm_destroy(twin));
+    }
+
+    /* new_group: {3,1} and {2,0} at once, each formed by its members alone and
+     * ranked in list order. */
+    int pair[2] = {g_rank % 2 ? 3 : 2, g_rank % 2 ? 1 : 0};
+    braid_comm *group = NULL;
+    EXPECT_OK(braid_comm_new_group(world_comm, pair, 2, &group));
+    if (group) {
+        EXPECT_OK(braid_comm_rank(group, &r));
+        CHECK(r == (g_rank == pair[0] ? 0 : 1), "new_group {%d,%d}: rank %d", pair[0], pair[1], r);
+        int32_t mine = g_rank, both[2] = {-1, -1};
+        EXPECT_OK(braid_all_gather(&mine, both, 1, BRAID_I32, group));
+        CHECK(both[0] == pair[0] && both[1] == pair[1], "new_group all_gather: %d %d", both[0], both[1]);
+        EXPECT_OK(braid_comm_destroy(group));
+    }
+    int twice[2] = {g_rank, g_rank}, outside[2] = {g_rank, 4}, negative[1] = {-1};
+    group = (braid_comm *)&group;
+    EXPECT_ERR(braid_comm_new_group(world_comm, twice, 2, &group), BRAID_ERR_INVALID_ARGUMENT, "twice");
+    CHECK(group == NULL, "a refused new_group left a handle");
+    EXPECT_ERR(braid_comm_new_group(world_comm, outside, 2, &group), BRAID_ERR_INVALID_ARGUMENT, "rank 4");
+    EXPECT_ERR(braid_comm_new_group(world_comm, negative, 1, &group), BRAID_ERR_INVALID_ARGUMENT, "not a rank");
+    EXPECT_ERR(braid_comm_new_group(world_comm, NULL, 1, &group), BRAID_ERR_INVALID_ARGUMENT, "NULL");
+    braid_work *done = NULL;
+    EXPECT_OK(braid_barrier_async(world_comm, &done));
+    EXPECT_ERR(braid_work_wait_timeout(done, -1), BRAID_ERR_INVALID_ARGUMENT, "timeout_ms is -1");
+    EXPECT_OK(braid_work_wait_timeout(done, 30000));
+    EXPECT_OK(braid_work_wait_timeout(done, 0)); /* the result again, as braid_work_wait gives it */
+    EXPECT_OK(braid_work_free(done));
+
     EXPECT_OK(braid_comm_destroy(half));
     EXPECT_OK(braid_comm_destroy(world_comm));
     return report("split");
