@@ -10,14 +10,17 @@
 //! nonce rank 0 draws), carried and checked in every frame, so several can share a
 //! store and a process, one after another or at once (see [`CommunicatorBuilder`]
 //! for the store keys), and [`Communicator::split`], [`Communicator::dup`] and
-//! [`Communicator::new_group`] make sub-communicators with their own ids and links. [`Communicator::abort`] stops every pending and later
-//! call on any thread; a call that panics passes its turn on and leaves the
-//! communicator broken, so no later call waits for it.
+//! [`Communicator::new_group`] make sub-communicators with their own ids and
+//! links. [`Communicator::abort`] stops every pending and later call on any
+//! thread; a call that panics passes its turn on and leaves the communicator
+//! broken, so no later call waits for it. [`Communicator::destroy`] closes a
+//! communicator and reports a rank that did not close it in order.
 //!
 //! Files: `mod.rs` the public API; `calls.rs` argument checks and buffer layout;
 //! `turn.rs` issue-order ticketing and abort; `engine.rs` running one call on the
-//! links; `builder.rs` building over a store; `split.rs` sub-communicators (split, dup, new_group);
-//! `binding.rs` binding a communicator to a device (single-copy peers).
+//! links; `builder.rs` building over a store; `split.rs` sub-communicators
+//! (split, dup, new_group); `binding.rs` binding a communicator to a device
+//! (single-copy peers).
 
 mod binding;
 mod borrowed;
