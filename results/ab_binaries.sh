@@ -12,7 +12,7 @@ for r in $(seq 1 "$rounds"); do
   order="old new"; [ $((r % 2)) = 0 ] && order="new old"
   for which in $order; do
     b=${!which}
-    XDG_CACHE_HOME=$out/cache-$which "$b" run -n "$n" -- "$b" perf --op all-reduce -b 4K -e 64M -f 4 -n 30 -w 5 \
+    XDG_CACHE_HOME=$out/cache-$which "$b" run -n "$n" -- "$b" perf --in-place --op all-reduce -b 4K -e 64M -f 4 -n 30 -w 5 \
       --json "$out/$which-r$r.json" >/dev/null
   done
 done

@@ -18,7 +18,7 @@ CONFIGS=${CONFIGS:-shm 4K 5000;shm 1M 600;shm 64M 30;tcp 4K 5000;tcp 1M 400;tcp 
 mkdir -p "$OUT"
 one() { # build label transport size iters round
   local bin=$1 label=$2 t=$3 s=$4 iters=$5 r=$6
-  $PRIO "$bin" perf --op "$OP" --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
+  $PRIO "$bin" perf --in-place --op "$OP" --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
     --json "$OUT/$label-$t-$s-r$r.jsonl" > /dev/null 2>&1 || echo "FAILED $label $t $s round $r"
 }
 for r in $(seq 1 "$ROUNDS"); do

@@ -27,7 +27,7 @@ if [ "$1" = calib ]; then
     echo "== $m"
     for i in $(seq 1 "$2"); do
       rm -f "$cache"/tuner-shm-*
-      MODE=$m BRAID_DEBUG=braid=debug "$wrap/braid" run -n 4 -- "$wrap/braid" perf --op all-reduce -b 1M -e 1M -n 3 -w 1 2>&1 |
+      MODE=$m BRAID_DEBUG=braid=debug "$wrap/braid" run -n 4 -- "$wrap/braid" perf --in-place --op all-reduce -b 1M -e 1M -n 3 -w 1 2>&1 |
         sed 's/\x1b\[[0-9;]*m//g' | grep -m1 calibrated | grep -o 'tiny_us=[0-9.]*\|near_us=[0-9.]*\|far_us=[0-9.]*\|beta_gbps=[0-9.]*' | tr '\n' ' ' || true
       echo
     done

@@ -13,7 +13,7 @@ for cfg in "2 tcp" "2 shm" "2 shm --registered" "4 tcp" "4 shm" "4 shm --registe
   # Enough iterations that the median is stable on a noisy shared VM.
   for si in "4K 500" "64K 500" "1M 200" "16M 40" "64M 15"; do
     set -- $si; s=$1; iters=$2
-    $B perf --ranks "$n" --transport "$t" --min-bytes $s --max-bytes $s --iters $iters --check $extra \
+    $B perf --in-place --ranks "$n" --transport "$t" --min-bytes $s --max-bytes $s --iters $iters --check $extra \
       --json "$OUT/braid-$name-$tag.jsonl" > /dev/null 2>&1 || echo "FAILED $name $s"
   done
 done

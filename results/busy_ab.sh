@@ -21,7 +21,7 @@ for _ in $(seq 1 "$HOGS"); do sh -c 'while :; do :; done' & hogs+=($!); done
 trap 'kill "${hogs[@]}" 2>/dev/null' EXIT
 braid() { # label round [env...]
   local label=$1 r=$2; shift 2
-  env "$@" "$BIN" perf -b 4K -e 1M -f 16 -n "$ITERS" -w 20 -c 1 --json "$OUT/$label-h$HOGS-r$r.jsonl" > /dev/null 2>&1 \
+  env "$@" "$BIN" perf --in-place -b 4K -e 1M -f 16 -n "$ITERS" -w 20 -c 1 --json "$OUT/$label-h$HOGS-r$r.jsonl" > /dev/null 2>&1 \
     || echo "FAILED $label round $r"
 }
 mpi() {

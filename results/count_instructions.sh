@@ -17,7 +17,7 @@ HI=${ITERS_HI:-2000}
 tmp=$(mktemp -d)
 total() { # iters -> instructions summed over every process of the run
   taskset -c 0 valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$tmp/cg.%p" \
-    "$BIN" perf --ranks 2 --transport "$T" --min-bytes "$SIZE" --max-bytes "$SIZE" --iters "$1" --warmup 5 2>&1 |
+    "$BIN" perf --in-place --ranks 2 --transport "$T" --min-bytes "$SIZE" --max-bytes "$SIZE" --iters "$1" --warmup 5 2>&1 |
     sed -n 's/.*Collected : //p' | tr -d , | awk '{s += $1} END {print s}'
 }
 for r in $(seq 1 "$REPS"); do

@@ -7,8 +7,8 @@ BRAID=$(realpath "${BRAID:-target/release/braid}")
 n=$1 rounds=$2 out=$3; mkdir -p "$out"
 one() { # mode round
   local env=(); [ "$1" = det ] && env=(BRAID_DETERMINISTIC=1)
-  env "${env[@]}" "$BRAID" run -n "$n" -- "$BRAID" perf -b 4K -e 1M -f 4 -c 1 --json "$out/$1-$2.small" >/dev/null
-  env "${env[@]}" "$BRAID" run -n "$n" -- "$BRAID" perf -b 4M -e 64M -f 4 -n 5 -w 1 -c 1 --json "$out/$1-$2.large" >/dev/null
+  env "${env[@]}" "$BRAID" run -n "$n" -- "$BRAID" perf --in-place -b 4K -e 1M -f 4 -c 1 --json "$out/$1-$2.small" >/dev/null
+  env "${env[@]}" "$BRAID" run -n "$n" -- "$BRAID" perf --in-place -b 4M -e 64M -f 4 -n 5 -w 1 -c 1 --json "$out/$1-$2.large" >/dev/null
   cat "$out/$1-$2.small" "$out/$1-$2.large" > "$out/$1-$2.json"; rm -f "$out/$1-$2.small" "$out/$1-$2.large"
 }
 for r in $(seq 1 "$rounds"); do

@@ -13,7 +13,7 @@ for r in $(seq 1 "$rounds"); do
   for t in shm tcp; do
     for which in $order; do
       b=${!which}
-      BRAID_TRANSPORTS=$t XDG_CACHE_HOME=$out/$t/cache-$which "$b" run -n 2 -- "$b" perf --op all-reduce \
+      BRAID_TRANSPORTS=$t XDG_CACHE_HOME=$out/$t/cache-$which "$b" run -n 2 -- "$b" perf --in-place --op all-reduce \
         -b 4K -e 64M -f 4 -n 30 -w 5 --json "$out/$t/$which-r$r.json" >/dev/null
     done
   done

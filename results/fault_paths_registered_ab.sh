@@ -14,7 +14,7 @@ for r in $(seq 1 "$rounds"); do
     for which in $order; do
       b=${!which}
       if [ "$m" = registered ]; then flags=(--registered); cma=0; else flags=(); cma=1; fi
-      BRAID_CMA=$cma XDG_CACHE_HOME=$out/$m/cache-$which "$b" run -n 2 -- "$b" perf --op all-reduce "${flags[@]}" \
+      BRAID_CMA=$cma XDG_CACHE_HOME=$out/$m/cache-$which "$b" run -n 2 -- "$b" perf --in-place --op all-reduce "${flags[@]}" \
         -b 128K -e 64M -f 8 -n 30 -w 5 --json "$out/$m/$which-r$r.json" >/dev/null
     done
   done

@@ -6,7 +6,7 @@ OUT=$1; shift; mkdir -p $OUT
 for r in 1 2 3 4 5; do
  for op in all-reduce all-gather broadcast reduce-scatter; do
   for rb in "$@"; do
-   env $([ "$rb" = default ] || echo BRAID_SHM_RING_BYTES=$rb) chrt -f 5 ${BIN:-target/release/braid} perf --op $op -b 1M -e 64M -f 4 -n 40 --json $OUT/$rb-$op-r$r.jsonl >/dev/null 2>&1
+   env $([ "$rb" = default ] || echo BRAID_SHM_RING_BYTES=$rb) chrt -f 5 ${BIN:-target/release/braid} perf --in-place --op $op -b 1M -e 64M -f 4 -n 40 --json $OUT/$rb-$op-r$r.jsonl >/dev/null 2>&1
   done
  done
 done

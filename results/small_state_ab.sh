@@ -17,7 +17,7 @@ gcc -O2 -pthread -o "$PROBE" "$(dirname "$0")/probe/core_pingpong.c"
 : > "$OUT"
 state() { "$PROBE" | sed 's/.*pingpong \([0-9]*\) ns.*/\1/'; }
 braid() {
-  "$BIN" perf --op "$1" --ranks 2 -b 4096 -e 4096 -n 100 -w 10 -c 1 2>&1 | grep -E "^ +4096" | awk '{print $6}'
+  "$BIN" perf --in-place --op "$1" --ranks 2 -b 4096 -e 4096 -n 100 -w 10 -c 1 2>&1 | grep -E "^ +4096" | awk '{print $10}'
 }
 mpi() {
   mpirun --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo -np 2 "$MPI" --op "$1" --label sm \

@@ -21,7 +21,7 @@ for r in $(seq 1 "$ROUNDS"); do
   rt=$("$PROBE" | sed 's/.*pingpong \([0-9]*\) ns.*/\1/')
   for op in $OPS; do
     for mode in auto off on; do
-      BRAID_NT_STORES=$mode "$BIN" perf --op "$op" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" -w 5 --json "$OUT/$mode-$op-r$r-rt$rt.jsonl" > /dev/null 2>&1 \
+      BRAID_NT_STORES=$mode "$BIN" perf --in-place --op "$op" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" -w 5 --json "$OUT/$mode-$op-r$r-rt$rt.jsonl" > /dev/null 2>&1 \
         || echo "FAILED $mode $op round $r"
     done
   done

@@ -15,8 +15,8 @@ BRAID=$(realpath "${BRAID:-target/release/braid}")
 mode=$1; shift
 sweep() { # extra args: where each perf's json goes ($1) and the launcher prefix
   local json=$1; shift
-  "$@" perf --op all-reduce -b 4K -e 1M -f 4 --algo all --json "$json.small" >/dev/null
-  "$@" perf --op all-reduce -b 4M -e 64M -f 4 --algo all -n 20 -w 2 --json "$json.large" >/dev/null
+  "$@" perf --in-place --op all-reduce -b 4K -e 1M -f 4 --algo all --json "$json.small" >/dev/null
+  "$@" perf --in-place --op all-reduce -b 4M -e 64M -f 4 --algo all -n 20 -w 2 --json "$json.large" >/dev/null
   cat "$json.small" "$json.large" > "$json"; rm -f "$json.small" "$json.large"
 }
 case $mode in
@@ -49,7 +49,7 @@ twohost)
         j=/dev/null; [ $rank = 0 ] && j=$json.$part
         BRAID_RANK=$rank BRAID_WORLD_SIZE=4 BRAID_LOCAL_RANK=$((rank % 2)) BRAID_STORE=tcp://10.78.0.1:29511 \
           BRAID_SOCKET_IFNAME==eth0 BRAID_TIMEOUT=120 BRAID_BIND=none \
-          nsenter --target "${holders[$h]}" --net --mount -- taskset -c $cpu "$BRAID" perf --op all-reduce "${args[@]}" --algo all --json "$j" >/dev/null &
+          nsenter --target "${holders[$h]}" --net --mount -- taskset -c $cpu "$BRAID" perf --in-place --op all-reduce "${args[@]}" --algo all --json "$j" >/dev/null &
         pids+=($!)
       done
       for p in "${pids[@]}"; do wait "$p"; done

@@ -32,8 +32,8 @@ braid_op() { case $1 in ar*) echo all-reduce;; bc*) echo broadcast;; ag*) echo a
 mpi_op() { case $1 in ar*) echo allreduce;; bc*) echo bcast;; ag*) echo allgather;; rs*) echo reducescatter;; a2a*) echo alltoall;; *) echo none;; esac; }
 ranks() { case $1 in *4*) echo 4;; *) echo 2;; esac; }
 braid() { # config round
-  local c=$1 r=$2 extra="" f="$OUT/braid-$1-r$2.jsonl"
-  [ "$c" = ar2reg ] && extra=--registered
+  local c=$1 r=$2 extra=--in-place f="$OUT/braid-$1-r$2.jsonl"
+  [ "$c" = ar2reg ] && extra="--in-place --registered"
   # The peer's all-to-all probe is out of place: so is braid's here.
   case $c in a2a*) extra=--out-of-place;; esac
   state "braid-$c-r$r"

@@ -183,7 +183,9 @@ run() {
       -n "$iters" -w 1 --json "$work/rows.jsonl")
     [ "$mode" = threads ] && args+=(--transport inproc)
     [ "$mode" = mixed ] && args+=(--mixed)
+    # One mode per case (braid perf measures both by default).
     [ "$place" = out-of-place ] && args+=(--out-of-place)
+    [ "$place" = in-place ] && [ "$op" != barrier ] && args+=(--in-place)
     echo "-- $name (timeout ${t}s): braid ${args[*]}" >>"$log"
     rm -f "$work/rows.jsonl"
     t0=$SECONDS

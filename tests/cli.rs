@@ -171,20 +171,105 @@ fn kill_mid_sweep(transport: &str) {
     let _ = kids[1].wait();
 }
 
+/// The rows of `braid perf`'s table, split at whitespace: `size count type redop root`,
+/// then `time algbw busbw #wrong` out of place and in place, then the algorithm.
+fn perf_table(text: &str) -> Vec<Vec<&str>> {
+    let rows: Vec<Vec<&str>> =
+        text.lines().filter(|l| l.starts_with("  ")).map(|l| l.split_whitespace().collect()).collect();
+    for row in &rows {
+        assert_eq!(row.len(), 14, "5 + 4 + 4 columns and the algorithm: {row:?}\n{text}");
+    }
+    rows
+}
+
+/// Every collective at 3 ranks, each size out of place then in place in one run, side
+/// by side, both checked; `root` agrees between the header and the rows.
 #[test]
 fn perf_checks_every_collective_in_place_and_out_of_place() {
     for op in ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier"] {
-        for extra in [None, Some("--out-of-place")] {
-            let mut cmd = Command::new(BRAID);
-            cmd.args(["perf", "--op", op, "--ranks", "3", "--transport", "tcp", "--min-bytes", "1K"])
-                .args(["--max-bytes", "300K", "--factor", "17", "--iters", "3", "--warmup", "1", "--check"])
-                .args(["--dtype", "bf16", "--root", "2"])
-                .args(extra);
-            let out = cmd.output().unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{op} {extra:?}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
-            assert!(text.contains("# Out of bounds values : 0 OK"), "{op} {extra:?}: {text}");
-            assert!(text.lines().filter(|l| l.starts_with("  ")).count() >= 1, "{op}: no rows\n{text}");
+        let mut cmd = Command::new(BRAID);
+        cmd.args(["perf", "--op", op, "--ranks", "3", "--transport", "tcp", "--min-bytes", "1K"])
+            .args(["--max-bytes", "300K", "--factor", "17", "--iters", "3", "--warmup", "1", "--check"])
+            .args(["--dtype", "bf16", "--root", "2"]);
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{op}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("# Out of bounds values : 0 OK"), "{op}: {text}");
+        let rows = perf_table(&text);
+        assert!(!rows.is_empty(), "{op}: no rows\n{text}");
+        let rooted = matches!(op, "broadcast" | "reduce");
+        assert_eq!(text.contains(" root=2 "), rooted, "{op}: the header names a root only where rows do: {text}");
+        for row in &rows {
+            assert_eq!(row[4], if rooted { "2" } else { "-1" }, "{op}: {row:?}");
+            // A barrier has no buffers: one measurement, in the in-place columns.
+            let out_of_place = if op == "barrier" { "n/a" } else { "0" };
+            assert_eq!((row[8], row[12]), (out_of_place, "0"), "{op}: #wrong of each mode: {row:?}");
+        }
+    }
+    // One mode alone: the other's columns say n/a.
+    for (flag, measured, absent) in [("--out-of-place", 5, 9), ("--in-place", 9, 5)] {
+        let out = Command::new(BRAID)
+            .args([
+                "perf",
+                "--op",
+                "reduce-scatter",
+                "--ranks",
+                "3",
+                "-b",
+                "3K",
+                "-e",
+                "3K",
+                "-n",
+                "2",
+                "-c",
+                "1",
+                flag,
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{flag}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        let rows = perf_table(&text);
+        assert_eq!(rows.len(), 1, "{text}");
+        assert!(rows[0][absent..absent + 4].iter().all(|c| *c == "n/a"), "{flag}: {text}");
+        assert_eq!(rows[0][measured + 3], "0", "{flag}: {text}");
+    }
+}
+
+/// A wrong element in one mode is counted in that mode's `#wrong` (and fails the run),
+/// not in the other's: rank 0's result is spoiled in one mode through the test hook.
+#[test]
+fn perf_counts_wrong_elements_per_mode() {
+    for (spoiled, wrong_at, right_at) in [("in-place", 12, 8), ("out-of-place", 8, 12)] {
+        let out = Command::new(BRAID)
+            .args([
+                "perf",
+                "--op",
+                "all-reduce",
+                "--ranks",
+                "3",
+                "-b",
+                "1K",
+                "-e",
+                "4K",
+                "-f",
+                "4",
+                "-n",
+                "2",
+                "-w",
+                "1",
+            ])
+            .args(["--check"])
+            .env("BRAID_PERF_TEST_CORRUPT", spoiled)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{spoiled}: a wrong element must fail the run: {text}");
+        assert!(text.contains("# Out of bounds values : 2 FAILED"), "{spoiled}: {text}");
+        let rows = perf_table(&text);
+        assert_eq!(rows.len(), 2, "{text}");
+        for row in rows {
+            assert_eq!((row[wrong_at], row[right_at]), ("1", "0"), "{spoiled}: {row:?}");
         }
     }
 }
@@ -335,14 +420,27 @@ fn perf_over_an_unavailable_transport_says_why_in_one_line() {
 #[test]
 fn perf_writes_json_lines() {
     let rows = perf_json_rows("json", "perf --ranks 2 --min-bytes 4K --max-bytes 64K --factor 16 --iters 5 --check");
-    assert_eq!(rows.len(), 2);
-    for key in
-        ["op", "bytes", "count", "dtype", "ranks", "transport", "algo", "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
-    {
+    // Each size out of place, then in place.
+    assert_eq!(rows.len(), 4);
+    for key in [
+        "op",
+        "bytes",
+        "count",
+        "dtype",
+        "ranks",
+        "transport",
+        "algo",
+        "place",
+        "time_us",
+        "algbw_gbps",
+        "busbw_gbps",
+        "wrong",
+    ] {
         assert!(rows[0].get(key).is_some(), "missing {key}: {}", rows[0]);
     }
-    assert_eq!(rows[1]["bytes"], 65536);
-    assert_eq!(rows[1]["wrong"], 0);
+    let places: Vec<_> = rows.iter().map(|r| (r["bytes"].as_u64().unwrap(), r["place"].as_str().unwrap())).collect();
+    assert_eq!(places, [(4096, "out-of-place"), (4096, "in-place"), (65536, "out-of-place"), (65536, "in-place")]);
+    assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
 }
 
 /// The rows `braid ARGS --json FILE` wrote (ARGS split at spaces; a file of its own
@@ -362,7 +460,10 @@ fn perf_json_rows(name: &str, args: &str) -> Vec<serde_json::Value> {
 #[test]
 fn perf_algo_all_reports_every_algorithm_once_per_size_checked() {
     // 7 timed calls over 5 passes: blocks of 2, 2, 1, 1 and 1.
-    let rows = perf_json_rows("all", "perf --op all-reduce --ranks 3 -b 4K -e 64K -f 16 -n 7 -w 1 --algo all --check");
+    let rows = perf_json_rows(
+        "all",
+        "perf --op all-reduce --ranks 3 -b 4K -e 64K -f 16 -n 7 -w 1 --algo all --check --in-place",
+    );
     let algos = ["tree", "halving-doubling", "direct", "ring", "doubling", "hierarchical"];
     assert_eq!(rows.len(), 2 * (1 + algos.len()), "{rows:?}");
     for (size, block) in [4096, 65536].into_iter().zip(rows.chunks(1 + algos.len())) {
@@ -492,7 +593,8 @@ fn perf_plots_its_sweep_and_braid_plot_combines_saved_runs() {
     let text = std::fs::read_to_string(&svg).expect("rank 0 wrote the plot");
     assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"), "{text}");
     assert!(text.contains("all-reduce ") && text.contains(" 2 ranks f32"), "the line names the op: {text}");
-    assert_eq!(text.matches("stroke-width=\"2\"").count(), 1, "one line for one sweep: {text}");
+    assert_eq!(text.matches("stroke-width=\"2\"").count(), 2, "a line per mode of one sweep: {text}");
+    assert!(text.contains(" out-of-place") && text.contains(" in-place"), "the lines name their mode: {text}");
     // A second sweep appended to the same file, then both drawn from it.
     let out = Command::new(BRAID)
         .args(["perf", "--op", "all-gather", "--ranks", "2", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--json"])
@@ -505,7 +607,7 @@ fn perf_plots_its_sweep_and_braid_plot_combines_saved_runs() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&both).unwrap();
     assert!(text.contains("all-reduce ") && text.contains("all-gather "), "{text}");
-    assert_eq!(text.matches("stroke-width=\"2\"").count(), 2, "a line for each run in the file: {text}");
+    assert_eq!(text.matches("stroke-width=\"2\"").count(), 4, "a line for each run and mode in the file: {text}");
     // A path that cannot be written is named, before any rank is launched for nothing.
     let nowhere = dir.join("no-such-dir").join("x.svg");
     let out =

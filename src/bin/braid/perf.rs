@@ -1,5 +1,5 @@
-//! `braid perf`: an nccl-tests-style sweep. Inputs are small integers, so every
-//! result is exact whatever the reduction order and `--check` compares bit for bit.
+//! `braid perf`: an nccl-tests-style sweep, out of place and in place side by side.
+//! What the buffers hold and how results are checked: [`crate::perf_check`].
 
 use std::io::Write;
 use std::sync::Arc;
@@ -10,9 +10,9 @@ use braid::device::Device;
 use braid::TransportKind;
 use braid::{CallSig, Communicator, Config, DType, OpKind, ReduceOp};
 use clap::Args;
-use half::{bf16, f16};
 
 use crate::launch::{launch, Launch};
+use crate::perf_check::{check, fill_inputs};
 use crate::perf_device::{self, DeviceBufs, DeviceChoice};
 use crate::plot;
 
@@ -72,9 +72,14 @@ pub struct PerfArgs {
     /// to check host and device ranks in one job (ranks as processes only).
     #[arg(long)]
     pub mixed: bool,
-    /// Separate input and output buffers (default: in place).
-    #[arg(long)]
+    /// Measure only out of place (separate input and output buffers). By default each
+    /// size is measured out of place, then in place, and printed side by side as
+    /// nccl-tests does.
+    #[arg(long, conflicts_with = "in_place")]
     pub out_of_place: bool,
+    /// Measure only in place (the result overwrites the input).
+    #[arg(long)]
+    pub in_place: bool,
     /// Allocate the buffers as registered shared memory (`braid::registered`), so
     /// peers on the host read them without a system call.
     #[arg(long)]
@@ -83,7 +88,7 @@ pub struct PerfArgs {
     /// or `-c 0` as in nccl-tests; `--check` alone means 1.
     #[arg(short = 'c', long, num_args = 0..=1, default_value = "0", default_missing_value = "1", value_parser = parse_switch)]
     pub check: bool,
-    /// Append one JSON object per size to this file.
+    /// Append one JSON object per size and mode (`"place"`) to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
     /// Draw busbw against message size into this SVG file (rank 0 writes it), one line
@@ -121,12 +126,37 @@ fn op_label(op: OpKind) -> &'static str {
     }
 }
 
-pub fn main(mut args: PerfArgs) -> i32 {
-    // A rank's send and receive buffers are always apart: a receive in place would
-    // overwrite what an odd rank (which receives first) has yet to send.
-    if args.op == OpKind::Send {
-        args.out_of_place = true;
+/// Where a call's result goes: into a separate output buffer, or over its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    OutOfPlace,
+    InPlace,
+}
+
+impl Place {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Place::OutOfPlace => "out-of-place",
+            Place::InPlace => "in-place",
+        }
     }
+}
+
+/// The modes measured at each size, in the order nccl-tests prints them.
+fn places(a: &PerfArgs) -> Vec<Place> {
+    match a.op {
+        // A rank's send and receive buffers are always apart: a receive in place would
+        // overwrite what an odd rank (which receives first) has yet to send.
+        OpKind::Send => vec![Place::OutOfPlace],
+        // No buffers at all: one measurement, shown in the in-place columns.
+        OpKind::Barrier => vec![Place::InPlace],
+        _ if a.out_of_place => vec![Place::OutOfPlace],
+        _ if a.in_place => vec![Place::InPlace],
+        _ => vec![Place::OutOfPlace, Place::InPlace],
+    }
+}
+
+pub fn main(mut args: PerfArgs) -> i32 {
     if args.transport.eq_ignore_ascii_case("cuda") {
         if args.device == DeviceChoice::Sim {
             eprintln!("braid perf: --transport cuda puts the buffers on GPUs; it does not go with --device sim");
@@ -280,97 +310,35 @@ fn finish(rank: usize, result: braid::Result<u64>) -> i32 {
     }
 }
 
-/// Bytes of one element of value `v` (integers wrap, floats are exact for small values).
-fn encode(dt: DType, v: i64, out: &mut [u8]) {
-    match dt {
-        DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
-        DType::F64 => out.copy_from_slice(&(v as f64).to_le_bytes()),
-        DType::F16 => out.copy_from_slice(&f16::from_f32(v as f32).to_le_bytes()),
-        DType::BF16 => out.copy_from_slice(&bf16::from_f32(v as f32).to_le_bytes()),
-        DType::I8 => out[0] = v as i8 as u8,
-        DType::U8 => out[0] = v as u8,
-        DType::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
-        DType::I64 => out.copy_from_slice(&v.to_le_bytes()),
-    }
-}
-
-/// Bytes of `sum / n` as braid's `avg` computes it.
-fn encode_avg(dt: DType, sum: i64, n: usize, out: &mut [u8]) {
-    match dt {
-        DType::F32 => out.copy_from_slice(&(sum as f32 / n as f32).to_le_bytes()),
-        DType::F64 => out.copy_from_slice(&(sum as f64 / n as f64).to_le_bytes()),
-        DType::F16 => out.copy_from_slice(&f16::from_f32(sum as f32 / n as f32).to_le_bytes()),
-        DType::BF16 => out.copy_from_slice(&bf16::from_f32(sum as f32 / n as f32).to_le_bytes()),
-        DType::I8 => out[0] = (sum as i8).wrapping_div(n as i8) as u8,
-        DType::U8 => out[0] = (sum as u8).wrapping_div(n as u8),
-        DType::I32 => out.copy_from_slice(&((sum as i32) / n as i32).to_le_bytes()),
-        DType::I64 => out.copy_from_slice(&(sum / n as i64).to_le_bytes()),
-    }
-}
-
-/// Rank `r`'s input value at element `i`: 1..=3 (1..=2 for products, so 8 ranks stay exact).
-fn value(rop: ReduceOp, r: usize, i: usize) -> i64 {
-    match rop {
-        ReduceOp::Prod => 1 + ((r + i) % 2) as i64,
-        _ => 1 + ((r + i) % 3) as i64,
-    }
-}
-
-/// The values repeat every 6 elements; this table holds the 6 expected reductions.
-fn reduced_table(dt: DType, rop: ReduceOp, n: usize) -> Vec<Vec<u8>> {
-    (0..6)
-        .map(|i| {
-            let vals = (0..n).map(|r| value(rop, r, i));
-            let mut b = vec![0u8; dt.size()];
-            match rop {
-                ReduceOp::Sum => encode(dt, vals.sum(), &mut b),
-                ReduceOp::Prod => encode(dt, vals.product(), &mut b),
-                ReduceOp::Min => encode(dt, vals.min().unwrap_or(0), &mut b),
-                ReduceOp::Max => encode(dt, vals.max().unwrap_or(0), &mut b),
-                ReduceOp::Avg => encode_avg(dt, vals.sum(), n, &mut b),
-            }
-            b
-        })
-        .collect()
-}
-
-fn fill(dt: DType, buf: &mut [u8], f: impl Fn(usize) -> i64) {
-    for (i, e) in buf.chunks_exact_mut(dt.size()).enumerate() {
-        encode(dt, f(i), e);
-    }
-}
-
-fn count_wrong(dt: DType, buf: &[u8], want: impl Fn(usize, &mut [u8])) -> u64 {
-    let mut tmp = vec![0u8; dt.size()];
-    let mut wrong = 0;
-    for (i, e) in buf.chunks_exact(dt.size()).enumerate() {
-        want(i, &mut tmp);
-        wrong += (e != tmp.as_slice()) as u64;
-    }
-    wrong
-}
-
 /// One size of the sweep: buffers, how to run the op, how to check it.
 type Buf = Box<dyn std::ops::DerefMut<Target = [u8]> + Send>;
 
-struct Case {
-    sig: CallSig,
+pub(crate) struct Case {
+    pub(crate) sig: CallSig,
     bytes: usize,
+    pub(crate) out_of_place: bool,
     input: Buf,
-    output: Buf,
+    pub(crate) output: Buf,
     /// The filled input, copied in before every iteration (a memcpy, not a re-encode).
     pristine: Vec<u8>,
     /// With `--device`: the buffers the collective runs on (`output` then receives
     /// a copy of the result for `--check`).
-    dev: Option<DeviceBufs>,
+    pub(crate) dev: Option<DeviceBufs>,
 }
 
 fn alloc(a: &PerfArgs, len: usize) -> braid::Result<Buf> {
     Ok(if a.registered { Box::new(braid::registered::SharedBuffer::<u8>::new(len)?) } else { Box::new(vec![0u8; len]) })
 }
 
-fn case(comm: &Communicator, a: &PerfArgs, size: usize, device: Option<&Arc<dyn Device>>) -> braid::Result<Case> {
+fn case(
+    comm: &Communicator,
+    a: &PerfArgs,
+    size: usize,
+    place: Place,
+    device: Option<&Arc<dyn Device>>,
+) -> braid::Result<Case> {
     let (n, dt, esz) = (comm.world_size(), a.dtype, a.dtype.size());
+    let out_of_place = place == Place::OutOfPlace;
     let count = match a.op {
         OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => size / (n * esz),
         OpKind::Barrier => 0,
@@ -380,27 +348,28 @@ fn case(comm: &Communicator, a: &PerfArgs, size: usize, device: Option<&Arc<dyn 
     let (in_len, out_len, bytes) = match a.op {
         OpKind::AllGather => (count * esz, n * count * esz, n * count * esz),
         // In place, the result lands inside the full input buffer.
-        OpKind::ReduceScatter if !a.out_of_place => (0, n * count * esz, n * count * esz),
+        OpKind::ReduceScatter if !out_of_place => (0, n * count * esz, n * count * esz),
         OpKind::ReduceScatter => (n * count * esz, count * esz, n * count * esz),
         OpKind::AllToAll => (n * count * esz, n * count * esz, n * count * esz),
         OpKind::Barrier => (0, 0, 0),
         _ => (count * esz, count * esz, count * esz),
     };
     let dev = device.map(|d| DeviceBufs::new(d, in_len, out_len)).transpose()?;
-    let mut c = Case { sig, bytes, input: alloc(a, in_len)?, output: alloc(a, out_len)?, pristine: Vec::new(), dev };
-    let mut p = vec![0u8; if a.out_of_place { in_len } else { out_len }];
+    let (input, output) = (alloc(a, in_len)?, alloc(a, out_len)?);
+    let mut c = Case { sig, bytes, out_of_place, input, output, pristine: Vec::new(), dev };
+    let mut p = vec![0u8; if out_of_place { in_len } else { out_len }];
     fill_inputs(comm, a, &c, &mut p);
     c.pristine = p;
     Ok(c)
 }
 
 /// Refill the inputs (untimed) so every iteration reduces the same values.
-fn prepare(a: &PerfArgs, c: &mut Case) -> braid::Result<()> {
+fn prepare(c: &mut Case) -> braid::Result<()> {
     if let Some(d) = &mut c.dev {
-        let target = if a.out_of_place { &mut d.input } else { &mut d.output };
+        let target = if c.out_of_place { &mut d.input } else { &mut d.output };
         return target.write(&c.pristine);
     }
-    let target = if a.out_of_place { &mut c.input } else { &mut c.output };
+    let target = if c.out_of_place { &mut c.input } else { &mut c.output };
     target.copy_from_slice(&c.pristine);
     Ok(())
 }
@@ -411,8 +380,8 @@ fn run(comm: &Communicator, a: &PerfArgs, c: &mut Case) -> braid::Result<()> {
         return send_recv(comm, a.dtype, c);
     }
     match &mut c.dev {
-        Some(d) => comm.collective_device(c.sig, a.out_of_place.then_some(&d.input), &mut d.output),
-        None if a.out_of_place => comm.collective_bytes(c.sig, Some(&c.input), &mut c.output),
+        Some(d) => comm.collective_device(c.sig, c.out_of_place.then_some(&d.input), &mut d.output),
+        None if c.out_of_place => comm.collective_bytes(c.sig, Some(&c.input), &mut c.output),
         None => comm.collective_bytes(c.sig, None, &mut c.output),
     }
 }
@@ -433,55 +402,6 @@ fn send_recv(comm: &Communicator, dt: DType, c: &mut Case) -> braid::Result<()> 
         }
     }
     Ok(())
-}
-
-/// This rank's input values for the case, written into `target`.
-fn fill_inputs(comm: &Communicator, a: &PerfArgs, c: &Case, target: &mut [u8]) {
-    let (r, dt, rop) = (comm.rank(), a.dtype, a.reduce_op);
-    let count = c.sig.count as usize;
-    match a.op {
-        OpKind::AllToAll => fill(dt, target, |k| ((r * 3 + k / count.max(1) + k % count.max(1)) % 5 + 1) as i64),
-        OpKind::Broadcast => fill(dt, target, |i| if r == a.root { value(rop, a.root, i) } else { 0 }),
-        OpKind::AllGather if !a.out_of_place => {
-            let esz = dt.size();
-            fill(dt, target, |_| 0);
-            fill(dt, &mut target[r * count * esz..(r + 1) * count * esz], |i| value(rop, r, i));
-        }
-        _ => fill(dt, target, |i| value(rop, r, i)),
-    }
-}
-
-fn check(comm: &Communicator, a: &PerfArgs, c: &mut Case) -> braid::Result<u64> {
-    if let Some(d) = &c.dev {
-        d.output.read(&mut c.output)?;
-    }
-    Ok(check_host(comm, a, c))
-}
-
-fn check_host(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
-    let (n, r, dt, rop) = (comm.world_size(), comm.rank(), a.dtype, a.reduce_op);
-    let count = c.sig.count as usize;
-    let esz = dt.size();
-    let table = reduced_table(dt, rop, n);
-    match a.op {
-        OpKind::AllReduce => count_wrong(dt, &c.output, |i, b| b.copy_from_slice(&table[i % 6])),
-        OpKind::Reduce if r == a.root => count_wrong(dt, &c.output, |i, b| b.copy_from_slice(&table[i % 6])),
-        OpKind::Reduce | OpKind::Barrier => 0,
-        OpKind::ReduceScatter => {
-            let out = if a.out_of_place { &c.output[..] } else { &c.output[r * count * esz..(r + 1) * count * esz] };
-            count_wrong(dt, out, |i, b| b.copy_from_slice(&table[(r * count + i) % 6]))
-        }
-        OpKind::Broadcast => count_wrong(dt, &c.output, |i, b| encode(dt, value(rop, a.root, i), b)),
-        OpKind::AllGather => {
-            count_wrong(dt, &c.output, |k, b| encode(dt, value(rop, k / count.max(1), k % count.max(1)), b))
-        }
-        OpKind::AllToAll => count_wrong(dt, &c.output, |k, b| {
-            let (j, i) = (k / count.max(1), k % count.max(1));
-            encode(dt, ((j * 3 + r + i) % 5 + 1) as i64, b)
-        }),
-        OpKind::Send => count_wrong(dt, &c.output, |i, b| encode(dt, value(rop, (r + n - 1) % n, i), b)),
-        OpKind::Recv => 0,
-    }
 }
 
 /// Name of a transport code from the gather in [`sweep`] (0: no link).
@@ -590,14 +510,16 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     kinds.sort_unstable();
     kinds.dedup();
     let transport_name = if kinds.is_empty() { "none".to_string() } else { kinds.join("+") };
+    let modes = places(a);
     if rank == 0 {
+        let redop = if a.op.reduces() { format!(" redop={}", a.reduce_op) } else { String::new() };
+        let root = if a.op.rooted() { format!(" root={}", a.root) } else { String::new() };
+        let measured: Vec<&str> = modes.iter().map(|p| p.name()).collect();
         println!(
-            "# braid perf: {} world={n} dtype={} redop={} root={} {}",
+            "# braid perf: {} world={n} dtype={}{redop}{root} {}",
             op_label(a.op),
             a.dtype,
-            a.reduce_op,
-            a.root,
-            if a.out_of_place { "out-of-place" } else { "in-place" }
+            measured.join(" and ")
         );
         println!("# transport: {transport_name}   algorithm: {}", a.algo);
         for r in 0..n {
@@ -607,9 +529,12 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             println!("# rank {r}: {links}   cpus {}", cpus_of(r));
         }
         println!("#");
+        let groups = format!("# {:47} {:^43} {:^43}", "", "out-of-place", "in-place");
+        println!("{}", groups.trim_end());
+        let mode_cols = format!("{:>10} {:>11} {:>11} {:>8}", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
         println!(
-            "# {:>12} {:>12} {:>6} {:>6} {:>5} {:>10} {:>11} {:>11} {:>7} {:>6}",
-            "size", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "algo"
+            "# {:>12} {:>12} {:>6} {:>6} {:>5} {mode_cols} {mode_cols} {:>6}",
+            "size", "count", "type", "redop", "root", "algo"
         );
     }
     let mut total_wrong = 0u64;
@@ -636,112 +561,65 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         }
     }
     for size in sizes(a) {
-        if rotating {
-            // The first calls of a new size pay for what later ones reuse (the
-            // engine's scratch growing, the copy policy's first trials for the size):
-            // untimed calls first, so the algorithm that happens to come first at
-            // each size (the tuner's pick) is not charged for them.
-            comm.set_algorithm(None);
-            let mut c = case(comm, a, size, device.as_ref())?;
-            if c.sig.count > 0 || a.op == OpKind::Barrier {
-                for _ in 0..SETTLE_CALLS {
-                    prepare(a, &mut c)?;
-                    run(comm, a, &mut c)?;
-                }
+        // Each mode in turn at this size (nccl-tests' order), each entry of the rotation
+        // in each; a row then shows every mode of one entry.
+        let mut per_mode = Vec::with_capacity(modes.len());
+        for &place in &modes {
+            if let Some(m) = measure(comm, a, size, place, device.as_ref(), &rotation, rotating)? {
+                per_mode.push((place, m));
             }
         }
-        let mut c = case(comm, a, size, device.as_ref())?;
-        if c.sig.count == 0 && a.op != OpKind::Barrier {
-            continue;
-        }
-        let iters = a
-            .iters
-            .unwrap_or(if size <= 64 << 10 {
-                200
-            } else if size <= 1 << 20 {
-                50
-            } else {
-                20
-            })
-            .max(1);
-        let passes = if rotating { ROTATION_PASSES.min(iters) } else { 1 };
-        // Per entry of the rotation: its label, its times, its wrong elements.
-        let mut rows: Vec<(String, Vec<f64>, Option<u64>)> = Vec::with_capacity(rotation.len());
-        for pass in 0..passes {
-            let timed = iters / passes + usize::from(pass < iters % passes);
-            // Every block after the first starts with one untimed call: the call
-            // after another algorithm's pays for its access pattern, which a run of
-            // one algorithm never does.
-            let warmup = if pass == 0 { a.warmup } else { a.warmup.min(1) };
-            for (i, forced) in rotation.iter().enumerate() {
-                if rotating {
-                    comm.set_algorithm(*forced);
+        let Some((_, first)) = per_mode.first() else { continue };
+        let (bytes, count) = (first.bytes, first.count);
+        for entry in 0..rotation.len() {
+            let mut cols = Vec::new();
+            let mut labels: Vec<&str> = Vec::new();
+            for place in [Place::OutOfPlace, Place::InPlace] {
+                let Some((_, m)) = per_mode.iter().find(|(p, _)| *p == place) else {
+                    cols.push(format!("{:>10} {:>11} {:>11} {:>8}", "n/a", "n/a", "n/a", "n/a"));
+                    continue;
+                };
+                let (algo, t, wrong) = &m.rows[entry];
+                total_wrong += wrong.unwrap_or(0);
+                let algbw = if *t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
+                let busbw = algbw * busbw_factor(a.op, n);
+                busbw_sum += busbw;
+                sizes_done += 1;
+                if !labels.contains(&algo.as_str()) {
+                    labels.push(algo);
                 }
-                if pass == 0 {
-                    let picked = if a.op == OpKind::Send {
-                        "p2p"
-                    } else {
-                        comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?")
-                    };
-                    let label =
-                        if rotating && forced.is_none() { format!("auto:{picked}") } else { picked.to_string() };
-                    rows.push((label, Vec::with_capacity(iters), None));
-                }
-                for it in 0..warmup + timed {
-                    prepare(a, &mut c)?;
-                    comm.barrier()?;
-                    let t0 = Instant::now();
-                    run(comm, a, &mut c)?;
-                    let dt = t0.elapsed().as_secs_f64();
-                    if it >= warmup {
-                        rows[i].1.push(dt);
+                let w = wrong.map(|w| w.to_string()).unwrap_or_else(|| "N/A".into());
+                cols.push(format!("{:>10.2} {:>11.3} {:>11.3} {:>8}", t * 1e6, algbw, busbw, w));
+                if rank == 0 {
+                    let line = serde_json::json!({
+                        "op": op_label(a.op), "bytes": bytes, "count": count, "dtype": a.dtype.name(),
+                        "ranks": n, "transport": transport_name, "algo": algo, "place": place.name(),
+                        "time_us": t * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
+                    });
+                    if let Some(f) = json.as_mut() {
+                        writeln!(f, "{line}").map_err(|e| braid::Error::io("writing --json", e))?;
+                    }
+                    if a.plot.is_some() {
+                        plot_rows.push(plot::Row::from_json(&line).map_err(braid::Error::InvalidArgument)?);
                     }
                 }
-                if a.check && pass + 1 == passes {
-                    let mut w = [check(comm, a, &mut c)? as i64];
-                    comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
-                    rows[i].2 = Some(w[0] as u64);
-                }
             }
-        }
-        for (algo, mut times, wrong) in rows {
-            // The op's time is the slowest rank's, per iteration.
-            comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
-            let t = median(&mut times);
-            total_wrong += wrong.unwrap_or(0);
-            let algbw = if t > 0.0 { c.bytes as f64 / t / 1e9 } else { 0.0 };
-            let busbw = algbw * busbw_factor(a.op, n);
-            busbw_sum += busbw;
-            sizes_done += 1;
             if rank == 0 {
+                // nccl-tests prints -1 where an op has no root, and the header then names none.
                 let root = if a.op.rooted() { a.root.to_string() } else { "-1".into() };
                 let redop = if a.op.reduces() { a.reduce_op.name() } else { "none" };
-                let w = wrong.map(|w| w.to_string()).unwrap_or_else(|| "N/A".into());
                 println!(
-                    "  {:>12} {:>12} {:>6} {:>6} {:>5} {:>10.2} {:>11.3} {:>11.3} {:>7} {:>6}",
-                    c.bytes,
-                    c.sig.count,
+                    "  {:>12} {:>12} {:>6} {:>6} {:>5} {} {} {:>6}",
+                    bytes,
+                    count,
                     a.dtype.name(),
                     redop,
                     root,
-                    t * 1e6,
-                    algbw,
-                    busbw,
-                    w,
-                    algo
+                    cols[0],
+                    cols[1],
+                    labels.join("/")
                 );
                 let _ = std::io::stdout().flush();
-                let line = serde_json::json!({
-                    "op": op_label(a.op), "bytes": c.bytes, "count": c.sig.count, "dtype": a.dtype.name(),
-                    "ranks": n, "transport": transport_name, "algo": algo, "time_us": t * 1e6,
-                    "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
-                });
-                if let Some(f) = json.as_mut() {
-                    writeln!(f, "{line}").map_err(|e| braid::Error::io("writing --json", e))?;
-                }
-                if a.plot.is_some() {
-                    plot_rows.push(plot::Row::from_json(&line).map_err(braid::Error::InvalidArgument)?);
-                }
             }
         }
     }
@@ -762,4 +640,99 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         println!("# Plot                 : {}", path.display());
     }
     Ok(total_wrong)
+}
+
+/// One mode at one size: per entry of the rotation, its label, the median over the
+/// timed calls of the slowest rank's time (seconds), and its wrong elements (summed
+/// over the ranks; `None` without `--check`).
+struct Measured {
+    bytes: usize,
+    count: u64,
+    rows: Vec<(String, f64, Option<u64>)>,
+}
+
+/// Measures one mode at one size; `None` where the size holds no element.
+fn measure(
+    comm: &Communicator,
+    a: &PerfArgs,
+    size: usize,
+    place: Place,
+    device: Option<&Arc<dyn Device>>,
+    rotation: &[Option<braid::algorithm::Algorithm>],
+    rotating: bool,
+) -> braid::Result<Option<Measured>> {
+    if rotating {
+        // The first calls of a new size pay for what later ones reuse (the engine's
+        // scratch growing, the copy policy's first trials for the size): untimed calls
+        // first, so the algorithm that happens to come first at each size (the
+        // tuner's pick) is not charged for them.
+        comm.set_algorithm(None);
+        let mut c = case(comm, a, size, place, device)?;
+        if c.sig.count > 0 || a.op == OpKind::Barrier {
+            for _ in 0..SETTLE_CALLS {
+                prepare(&mut c)?;
+                run(comm, a, &mut c)?;
+            }
+        }
+    }
+    let mut c = case(comm, a, size, place, device)?;
+    if c.sig.count == 0 && a.op != OpKind::Barrier {
+        return Ok(None);
+    }
+    let iters = a
+        .iters
+        .unwrap_or(if size <= 64 << 10 {
+            200
+        } else if size <= 1 << 20 {
+            50
+        } else {
+            20
+        })
+        .max(1);
+    let passes = if rotating { ROTATION_PASSES.min(iters) } else { 1 };
+    // Per entry of the rotation: its label, its times, its wrong elements.
+    let mut rows: Vec<(String, Vec<f64>, Option<u64>)> = Vec::with_capacity(rotation.len());
+    for pass in 0..passes {
+        let timed = iters / passes + usize::from(pass < iters % passes);
+        // Every block after the first starts with one untimed call: the call after
+        // another algorithm's pays for its access pattern, which a run of one
+        // algorithm never does.
+        let warmup = if pass == 0 { a.warmup } else { a.warmup.min(1) };
+        for (i, forced) in rotation.iter().enumerate() {
+            if rotating {
+                comm.set_algorithm(*forced);
+            }
+            if pass == 0 {
+                let picked = if a.op == OpKind::Send {
+                    "p2p"
+                } else {
+                    comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?")
+                };
+                let label = if rotating && forced.is_none() { format!("auto:{picked}") } else { picked.to_string() };
+                rows.push((label, Vec::with_capacity(iters), None));
+            }
+            for it in 0..warmup + timed {
+                prepare(&mut c)?;
+                comm.barrier()?;
+                let t0 = Instant::now();
+                run(comm, a, &mut c)?;
+                let dt = t0.elapsed().as_secs_f64();
+                if it >= warmup {
+                    rows[i].1.push(dt);
+                }
+            }
+            if a.check && pass + 1 == passes {
+                let mut w = [check(comm, a, &mut c)? as i64];
+                comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
+                rows[i].2 = Some(w[0] as u64);
+            }
+        }
+    }
+    let mut measured = Vec::with_capacity(rows.len());
+    for (label, mut times, wrong) in rows {
+        // The op's time is the slowest rank's, per iteration.
+        comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
+        measured.push((label, median(&mut times), wrong));
+    }
+    Ok(Some(Measured { bytes: c.bytes, count: c.sig.count, rows: measured }))
 }

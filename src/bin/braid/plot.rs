@@ -36,6 +36,9 @@ pub struct Row {
     transport: String,
     dtype: String,
     algo: String,
+    /// `out-of-place` or `in-place`; rows written before `braid perf` measured both
+    /// have none.
+    place: Option<String>,
     bytes: u64,
     busbw: f64,
 }
@@ -51,14 +54,15 @@ impl Row {
             transport: text("transport")?,
             dtype: text("dtype")?,
             algo: text("algo")?,
+            place: v.get("place").and_then(|x| x.as_str()).map(str::to_owned),
             bytes: int("bytes")?,
             busbw: v.get("busbw_gbps").and_then(|x| x.as_f64()).ok_or("no number field `busbw_gbps`")?,
         })
     }
 
     /// Rows of one run share these; a change of any of them starts another run.
-    fn run_key(&self) -> (&str, u64, &str, &str) {
-        (&self.op, self.ranks, &self.transport, &self.dtype)
+    fn run_key(&self) -> (&str, u64, &str, &str, Option<&str>) {
+        (&self.op, self.ranks, &self.transport, &self.dtype, self.place.as_deref())
     }
 }
 
@@ -69,7 +73,10 @@ impl Row {
 pub fn series_from_rows(rows: &[Row]) -> Vec<Series> {
     let mut runs: Vec<Vec<&Row>> = Vec::new();
     for row in rows.iter().filter(|r| r.bytes > 0 && r.busbw.is_finite()) {
-        match runs.last_mut() {
+        // One sweep interleaves its modes (each size out of place, then in place):
+        // a row continues the latest run of its own mode.
+        let latest = runs.iter_mut().rev().find(|run| run.last().is_some_and(|prev| prev.place == row.place));
+        match latest {
             Some(run) if run.last().is_some_and(|prev| prev.run_key() == row.run_key() && prev.bytes < row.bytes) => {
                 run.push(row)
             }
@@ -88,12 +95,13 @@ pub fn series_from_rows(rows: &[Row]) -> Vec<Series> {
             let first = run[0];
             Series {
                 label: format!(
-                    "{} {} {} {} ranks {}",
+                    "{} {} {} {} ranks {}{}",
                     first.op,
                     algos.join("/"),
                     first.transport,
                     first.ranks,
-                    first.dtype
+                    first.dtype,
+                    first.place.as_deref().map(|p| format!(" {p}")).unwrap_or_default()
                 ),
                 points: run.iter().map(|r| (r.bytes, r.busbw)).collect(),
             }
@@ -381,6 +389,7 @@ mod tests {
             transport: transport.into(),
             dtype: "f32".into(),
             algo: algo.into(),
+            place: None,
             bytes,
             busbw,
         }
@@ -449,6 +458,37 @@ mod tests {
         assert_eq!(series[0].points, [(1024, 1.0), (4096, 2.0)]);
         assert_eq!(series[1].points, [(1024, 1.5), (4096, 2.5)]);
         assert_eq!(series[2].points, [(8192, 0.5)]);
+    }
+
+    /// `braid perf` writes each size out of place, then in place: two lines, one per
+    /// mode, and a second sweep appended after them two more.
+    #[test]
+    fn interleaved_modes_of_one_sweep_become_one_line_each() {
+        let placed = |place: &str, bytes, busbw| Row {
+            place: Some(place.into()),
+            ..row("all-reduce", "shm", "ring", bytes, busbw)
+        };
+        let mut rows = Vec::new();
+        for _sweep in 0..2 {
+            for bytes in [1024, 4096] {
+                rows.push(placed("out-of-place", bytes, 1.0));
+                rows.push(placed("in-place", bytes, 2.0));
+            }
+        }
+        let series = series_from_rows(&rows);
+        let labels: Vec<&str> = series.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "all-reduce ring shm 2 ranks f32 out-of-place",
+                "all-reduce ring shm 2 ranks f32 in-place",
+                "all-reduce ring shm 2 ranks f32 out-of-place",
+                "all-reduce ring shm 2 ranks f32 in-place"
+            ]
+        );
+        for s in &series {
+            assert_eq!(s.points.len(), 2, "{s:?}");
+        }
     }
 
     #[test]
