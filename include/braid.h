@@ -536,6 +536,18 @@ enum braid_result braid_comm_rank(const struct braid_comm *comm, int *rank);
 enum braid_result braid_comm_size(const struct braid_comm *comm, int *size);
 
 /**
+ * Sets which of braid's log lines reach stderr, as `BRAID_DEBUG` does (which this
+ * overrides): a `tracing` filter such as `"warn"`, `"debug"` or `"braid=trace"`.
+ * `BRAID_ERR_INVALID_ARGUMENT` for NULL or a filter that does not parse (the
+ * filter in force stays); `BRAID_ERR_UNSUPPORTED` where another `tracing`
+ * subscriber was installed first (a Rust program linking the static library).
+ *
+ * # Safety
+ * `filter` is NULL or a NUL-terminated string.
+ */
+enum braid_result braid_set_log_level(const char *filter);
+
+/**
  * Block until the work has completed; its result (`BRAID_SUCCESS`, or the error
  * the call failed with — every later wait or test reports the same). The
  * buffers of the call are the caller's again once this returns.

@@ -5,7 +5,8 @@
 //! `BRAID_ERR_INTERNAL`, never an unwind into C), checks its pointers, enum values,
 //! roots, peers and sizes, and leaves a message for [`braid_last_error`] when it
 //! fails. Files: `lib.rs` codes, errors and argument checks; `comm.rs` communicators;
-//! `collectives.rs` the blocking and async collectives; `work.rs` work handles.
+//! `collectives.rs` the blocking and async collectives; `work.rs` work handles;
+//! `log.rs` the log subscriber (`BRAID_DEBUG`, `braid_set_log_level`).
 
 #![allow(non_camel_case_types)]
 
@@ -17,10 +18,12 @@ use braid::{Communicator, DType, Error, ReduceOp};
 
 mod collectives;
 mod comm;
+mod log;
 mod work;
 
 pub use collectives::*;
 pub use comm::*;
+pub use log::*;
 pub use work::*;
 
 /// What every braid call returns: `BRAID_SUCCESS`, or why it failed (the
@@ -114,6 +117,10 @@ impl Fail {
     pub(crate) fn invalid(msg: impl Into<String>) -> Fail {
         Fail { code: BRAID_ERR_INVALID_ARGUMENT, msg: msg.into() }
     }
+
+    pub(crate) fn unsupported(msg: impl Into<String>) -> Fail {
+        Fail { code: BRAID_ERR_UNSUPPORTED, msg: msg.into() }
+    }
 }
 
 /// The result code of each braid error.
@@ -157,11 +164,15 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("a panic with a non-text payload")
 }
 
-/// Run the body of entry point `name`: clear this thread's last error, catch
-/// panics, and record the message of a failure.
+/// Run the body of entry point `name`: clear this thread's last error, install the
+/// log subscriber on the first call, catch panics, and record the message of a failure.
 pub(crate) fn entry(name: &str, body: impl FnOnce() -> Res<braid_result>) -> braid_result {
     set_last_error(String::new());
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let logged_body = || {
+        log::install();
+        body()
+    };
+    match catch_unwind(AssertUnwindSafe(logged_body)) {
         Ok(Ok(code)) => code,
         Ok(Err(fail)) => {
             set_last_error(format!("{name}: {}", fail.msg));

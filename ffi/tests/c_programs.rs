@@ -94,12 +94,20 @@ fn run_ranks(prog: &Path, ranks: usize) {
 
 /// [`run_ranks`] with extra environment variables for the ranks.
 fn run_ranks_with(prog: &Path, ranks: usize, env: &[(&str, &str)]) {
+    run_ranks_stderr(prog, &[], ranks, env);
+}
+
+/// [`run_ranks_with`], with arguments for `prog` and `BRAID_DEBUG` unset unless `env`
+/// sets it; returns what the ranks (and the launcher) wrote on stderr.
+fn run_ranks_stderr(prog: &Path, args: &[&str], ranks: usize, env: &[(&str, &str)]) -> String {
     let t = tree();
     let started = Instant::now();
     let mut child = Command::new(t.profile_dir.join("braid"))
         .args(["run", "-n", &ranks.to_string()])
         .arg(prog)
+        .args(args)
         .env("BRAID_TIMEOUT", "30")
+        .env_remove("BRAID_DEBUG")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -132,6 +140,7 @@ fn run_ranks_with(prog: &Path, ranks: usize, env: &[(&str, &str)]) {
     let passed = stdout.lines().filter(|l| l.contains("checks passed")).count();
     assert_eq!(passed, ranks, "not every rank reported its checks passed:\n{text}");
     println!("{stdout}");
+    stderr
 }
 
 #[test]
@@ -194,4 +203,21 @@ fn abort_after_each_call_on_every_rank_fails_no_call_from_c_20_runs() {
     for _ in 0..20 {
         run_ranks_with(&prog, 3, &[("BRAID_TUNER_PROBE", "0")]);
     }
+}
+
+/// Issue 34: the C library prints braid's debug lines on stderr when `BRAID_DEBUG`
+/// asks for them (it installs a subscriber on the first call), none without it, and
+/// `braid_set_log_level` asks for them from the program (refusing NULL and a filter
+/// that does not parse). The line looked for comes from building a communicator,
+/// which the launcher never does.
+#[test]
+fn braid_debug_and_braid_set_log_level_print_debug_lines_from_c() {
+    let prog = compile("gcc", "logging.c", "logging", &shared("-std=c11"));
+    let debug_line = "topology discovered";
+    let quiet = run_ranks_stderr(&prog, &[], 2, &[]);
+    assert!(!quiet.contains(debug_line), "no debug line without BRAID_DEBUG:\n{quiet}");
+    let loud = run_ranks_stderr(&prog, &[], 2, &[("BRAID_DEBUG", "debug")]);
+    assert_eq!(loud.matches(debug_line).count(), 2, "a debug line from each rank with BRAID_DEBUG=debug:\n{loud}");
+    let set = run_ranks_stderr(&prog, &["set"], 2, &[]);
+    assert_eq!(set.matches(debug_line).count(), 2, "braid_set_log_level(\"braid=debug\") on each rank:\n{set}");
 }
