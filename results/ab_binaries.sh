@@ -6,13 +6,16 @@
 # Unlike results/ab_runs.sh (2 ranks as threads of one `braid perf`), the ranks are
 # processes under `braid run`, placed and calibrated as a launched job is.
 set -euo pipefail
+# In place, as every binary measured before `braid perf` learned both modes (those
+# have no --in-place flag, and measure in place without it).
+in_place() { "$1" perf --help | grep -q -- --in-place && echo --in-place || true; }
 old=$(realpath "$1") new=$(realpath "$2") n=$3 rounds=$4 out=$(realpath -m "$5")
 mkdir -p "$out/cache-old" "$out/cache-new"
 for r in $(seq 1 "$rounds"); do
   order="old new"; [ $((r % 2)) = 0 ] && order="new old"
   for which in $order; do
     b=${!which}
-    XDG_CACHE_HOME=$out/cache-$which "$b" run -n "$n" -- "$b" perf --in-place --op all-reduce -b 4K -e 64M -f 4 -n 30 -w 5 \
+    XDG_CACHE_HOME=$out/cache-$which "$b" run -n "$n" -- "$b" perf $(in_place "$b") --op all-reduce -b 4K -e 64M -f 4 -n 30 -w 5 \
       --json "$out/$which-r$r.json" >/dev/null
   done
 done

@@ -6,6 +6,9 @@
 #   results/fault_paths_registered_ab.sh OLD_BRAID NEW_BRAID ROUNDS OUTDIR
 #   then results/ab_binaries_summarize.py OUTDIR/registered and OUTDIR/cma
 set -euo pipefail
+# In place, as every binary measured before `braid perf` learned both modes (those
+# have no --in-place flag, and measure in place without it).
+in_place() { "$1" perf --help | grep -q -- --in-place && echo --in-place || true; }
 old=$(realpath "$1") new=$(realpath "$2") rounds=$3 out=$(realpath -m "$4")
 for m in registered cma; do mkdir -p "$out/$m/cache-old" "$out/$m/cache-new"; done
 for r in $(seq 1 "$rounds"); do
@@ -14,7 +17,7 @@ for r in $(seq 1 "$rounds"); do
     for which in $order; do
       b=${!which}
       if [ "$m" = registered ]; then flags=(--registered); cma=0; else flags=(); cma=1; fi
-      BRAID_CMA=$cma XDG_CACHE_HOME=$out/$m/cache-$which "$b" run -n 2 -- "$b" perf --in-place --op all-reduce "${flags[@]}" \
+      BRAID_CMA=$cma XDG_CACHE_HOME=$out/$m/cache-$which "$b" run -n 2 -- "$b" perf $(in_place "$b") --op all-reduce "${flags[@]}" \
         -b 128K -e 64M -f 8 -n 30 -w 5 --json "$out/$m/$which-r$r.json" >/dev/null
     done
   done
