@@ -16,9 +16,12 @@ OUT=${OUT:-/tmp/braid-ab}
 OP=${OP:-all-reduce}
 CONFIGS=${CONFIGS:-shm 4K 5000;shm 1M 600;shm 64M 30;tcp 4K 5000;tcp 1M 400;tcp 64M 16}
 mkdir -p "$OUT"
+# In place, as every build measured before `braid perf` learned both modes (those
+# have no --in-place flag, and measure in place without it).
+in_place() { "$1" perf --help | grep -q -- --in-place && echo --in-place || true; }
 one() { # build label transport size iters round
   local bin=$1 label=$2 t=$3 s=$4 iters=$5 r=$6
-  $PRIO "$bin" perf --in-place --op "$OP" --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
+  $PRIO "$bin" perf $(in_place "$bin") --op "$OP" --ranks 2 --transport "$t" --min-bytes "$s" --max-bytes "$s" --iters "$iters" --warmup 5 --check \
     --json "$OUT/$label-$t-$s-r$r.jsonl" > /dev/null 2>&1 || echo "FAILED $label $t $s round $r"
 }
 for r in $(seq 1 "$ROUNDS"); do
