@@ -214,8 +214,6 @@ run() {
     echo
     echo "Copy ceiling: $ceil_line"
     echo
-    echo "Not in the matrix (braid perf has no such mode yet): send/recv."
-    echo
     echo "| case | status | rc | time |"
     echo "| --- | --- | --- | --- |"
     cat "$work/table"
