@@ -15,7 +15,7 @@ use crate::frame::FrameKind;
 use crate::reduce;
 use crate::transport::stream_copy::CallTuner;
 use crate::tuner::{AlgoPolicy, Call, LinkClass, LinkPair, Tuner};
-use crate::types::{CallSig, OpKind, ReduceOp};
+use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
 /// What a cached schedule depends on besides the communicator's policy (a new
 /// policy empties the caches): op, count, element size, root.
@@ -281,6 +281,33 @@ impl Engine {
         }
     }
 
+    /// Before the data of a rooted call: a dissemination exchange of empty frames
+    /// carrying `sig`. A root only sends and a leaf of a reduce only sends, so without
+    /// it a rank given another root finishes the call (and the next call is blamed).
+    /// Each rank forwards round `k` only after checking round `k - 1`, so every rank
+    /// waits on a chain that passes through each other rank's check: a rank that sees
+    /// another root fails and its abort reaches every rank still in this call.
+    fn agree_on_call(&mut self, sig: CallSig, seq: u64) -> Result<()> {
+        if self.world < 2 {
+            return Ok(());
+        }
+        let exchange = self.schedule(&CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum))?;
+        // Empty regions of a dangling (not null) pointer, as an empty slice has.
+        let empty = std::ptr::NonNull::<u8>::dangling().as_ptr();
+        let mut nothing = Buffers {
+            input: empty,
+            input_len: 0,
+            output: empty,
+            output_len: 0,
+            scratch: Vec::new(),
+            kind: MemKind::Host,
+            device: None,
+            device_scratch: None,
+            peer_copy: None,
+        };
+        self.run(sig, &exchange, &mut nothing, (seq, seq))
+    }
+
     /// Run a collective on host buffers, or with `device` on that device's buffers
     /// (the pointers are then device addresses).
     pub(super) fn collective(
@@ -296,6 +323,9 @@ impl Engine {
         self.coll_seq += 1;
         let schedule = self.schedule(&sig)?;
         let sig = sig.with_algorithm(schedule.algorithm).reproducible(self.tuner.params.deterministic);
+        if sig.op.rooted() {
+            self.agree_on_call(sig, seq)?;
+        }
         let mut bufs = Buffers {
             input,
             input_len,

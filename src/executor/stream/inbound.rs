@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::executor::peer_error;
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
+use crate::transport::Link;
 use crate::types::{DType, ReduceOp};
 
 /// Reduce what has arrived of a receive-reduce segment, in grains, so reduction
@@ -215,15 +216,8 @@ pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [us
                 }
             }
             Rx::Reason { want, buf } => {
-                let mut tmp = [0u8; 4096];
-                let take = (*want - buf.len()).min(tmp.len());
-                // A reason cut short by the peer's exit is still worth reporting.
-                let (n, cut) = match ch.link.try_read(&mut tmp[..take]) {
-                    Ok(n) => (n, false),
-                    Err(_) => (0, true),
-                };
-                buf.extend_from_slice(&tmp[..n]);
-                if buf.len() >= *want || cut {
+                let (n, whole) = read_reason(ch.link.as_mut(), *want, buf);
+                if whole {
                     // Everything the peer sent before its abort has been consumed:
                     // the abort fails only what still needs the peer (see `Rx::Gone`).
                     ch.rx = Rx::Gone(Gone::Aborted(String::from_utf8_lossy(buf).into_owned()));
@@ -441,4 +435,62 @@ fn check_header(h: &Header, want_len: usize, peer: usize, call: &CallInfo) -> Re
         });
     }
     Ok(())
+}
+
+/// Writing to `peer` failed with `e`: if the peer sent an abort before its link
+/// ended, its reason is the error (a rank that failed and left is named for why it
+/// failed, not as lost). Reads only control frames already in the link, a bounded
+/// number of them, and stops at the first data frame (its receive is not posted).
+pub(super) fn write_failed(ch: &mut StreamChannel, peer: usize, call: &CallInfo, e: io::Error) -> Error {
+    const LOOKS: usize = 64;
+    for _ in 0..LOOKS {
+        match &mut ch.rx {
+            Rx::Gone(Gone::Aborted(reason)) => {
+                return Error::PeerAborted { ctx: call.ctx.clone(), peer, reason: reason.clone() };
+            }
+            Rx::Header { have } => {
+                let Ok(n) = ch.link.try_read(&mut ch.hdr[*have..]) else { break };
+                *have += n;
+                if n == 0 || *have < HEADER_LEN {
+                    if n == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                match Header::decode(&ch.hdr) {
+                    Ok(h) if h.kind == FrameKind::Abort => {
+                        ch.rx = Rx::Reason { want: (h.len as usize).min(MAX_REASON), buf: Vec::new() };
+                    }
+                    Ok(h) if h.kind == FrameKind::Goodbye => {
+                        ch.said_goodbye = true;
+                        ch.rx = Rx::Header { have: 0 };
+                    }
+                    Ok(h) if h.kind == FrameKind::Ack => ch.rx = Rx::Header { have: 0 },
+                    _ => break,
+                }
+            }
+            Rx::Reason { want, buf } => {
+                let (n, whole) = read_reason(ch.link.as_mut(), *want, buf);
+                if whole || n == 0 {
+                    ch.rx = Rx::Gone(Gone::Aborted(String::from_utf8_lossy(buf).into_owned()));
+                }
+            }
+            _ => break,
+        }
+    }
+    peer_error(call, peer, ch.said_goodbye, e)
+}
+
+/// Read more of an abort's reason (`want` bytes in all) into `buf`; returns the
+/// bytes read and whether the reason is complete.
+fn read_reason(link: &mut dyn Link, want: usize, buf: &mut Vec<u8>) -> (usize, bool) {
+    let mut tmp = [0u8; 4096];
+    let take = want.saturating_sub(buf.len()).min(tmp.len());
+    // A reason cut short by the peer's exit is still worth reporting.
+    let (n, cut) = match link.try_read(&mut tmp[..take]) {
+        Ok(n) => (n, false),
+        Err(_) => (0, true),
+    };
+    buf.extend_from_slice(&tmp[..n]);
+    (n, buf.len() >= want || cut)
 }

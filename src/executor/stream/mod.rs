@@ -268,7 +268,10 @@ impl PeerChannel for StreamChannel {
         let sent = if self.out.is_empty() && self.acks_owed == 0 {
             false
         } else {
-            progress_send(self, gates, call).map_err(|e| peer_error(call, peer, self.said_goodbye, e))?
+            match progress_send(self, gates, call) {
+                Ok(sent) => sent,
+                Err(e) => return Err(inbound::write_failed(self, peer, call, e)),
+            }
         };
         let received = progress_recv(self, peer, gates, call)?;
         Ok(sent | received)

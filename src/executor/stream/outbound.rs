@@ -7,7 +7,6 @@ use std::io;
 use super::single_copy::{describe, DESC_MAX};
 use super::{frames, CallInfo, OutMsg, StreamChannel};
 use crate::error::Result;
-use crate::executor::peer_error;
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 
 /// Queue the frames of a transfer of `total` bytes at `base` to `peer`. A forward
@@ -52,10 +51,13 @@ pub(super) fn send_now(ch: &mut StreamChannel, call: &CallInfo, data: *const u8,
     // executor), alive until `execute` returns.
     let payload = unsafe { std::slice::from_raw_parts(data, len) };
     let pad = padding(kind, len);
-    let sent = ch
-        .link
-        .try_write(&frame_parts(&hdr, payload, pad, 0))
-        .map_err(|e| peer_error(call, ch.link.peer(), ch.said_goodbye, e))?;
+    let sent = match ch.link.try_write(&frame_parts(&hdr, payload, pad, 0)) {
+        Ok(sent) => sent,
+        Err(e) => {
+            let peer = ch.link.peer();
+            return Err(super::inbound::write_failed(ch, peer, call, e));
+        }
+    };
     if sent < HEADER_LEN + len + pad {
         ch.tx_at_boundary = sent == 0;
         ch.out.push_back(OutMsg { hdr, kind, data, len, desc: [0; DESC_MAX], desc_len: 0, sent, gate: None });
