@@ -280,18 +280,73 @@ fn check_claim_kept(scoped: &PrefixStore, rank: usize, label: &str) -> Result<()
     Ok(())
 }
 
-/// Rank 0 draws the nonce and publishes it; every other rank reads it.
+/// Rank 0 draws the nonce and publishes it with its world size; every other rank
+/// reads it. Before that, every rank reports the world size it was given
+/// (`world/said/{i}`, `i` its order of arrival) and rank 0 reads the first
+/// `world` reports: a rank told another size makes rank 0 publish the
+/// disagreement instead of the nonce, so every rank fails at once naming both
+/// sizes rather than waiting for ranks that will never come (or never be waited for).
 fn nonce(scoped: &PrefixStore, cfg: &Config) -> Result<Vec<u8>> {
-    if cfg.rank == 0 {
+    let (rank, world) = (cfg.rank, cfg.world_size);
+    let arrival = scoped.add("world/arrived", 1)?;
+    scoped.set(&format!("world/said/{arrival}"), format!("{rank} {world}").as_bytes())?;
+    let differs = |why: &str| {
+        Error::Config(format!(
+            "rank {rank}: {why}: every rank must be given the same world size (launcher {})",
+            cfg.launcher
+        ))
+    };
+    if rank == 0 {
+        let deadline = std::time::Instant::now() + cfg.timeout;
+        let mut arrived = vec![false; world];
+        for i in 1..=world {
+            let key = format!("world/said/{i}");
+            let raw = match scoped.wait_get(&key, deadline.saturating_duration_since(std::time::Instant::now())) {
+                Ok(raw) => raw,
+                Err(Error::Timeout { timeout, .. }) => {
+                    let waiting_on = (0..world).filter(|r| !arrived[*r]).collect();
+                    let ctx = crate::error::OpContext { rank, call: None, seq: 0 };
+                    return Err(Error::Timeout { ctx, timeout, waiting_on });
+                }
+                Err(e) => return Err(e),
+            };
+            let said = std::str::from_utf8(&raw)
+                .ok()
+                .and_then(|t| t.split_once(' '))
+                .and_then(|(r, n)| Some((r.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
+            let Some((peer, size)) = said else {
+                let what =
+                    format!("{}/{key} holds {} bytes that are not \"RANK WORLD_SIZE\"", scoped.prefix(), raw.len());
+                return Err(Error::Store(format!("rank {rank}: {what}")));
+            };
+            if size != world {
+                let why = format!("rank {peer} was given world size {size}, rank 0 world size {world}");
+                scoped.set("nonce", format!("differs {why}").as_bytes())?;
+                return Err(differs(&why));
+            }
+            if let Some(seen) = arrived.get_mut(peer) {
+                *seen = true;
+            }
+        }
         let n = crate::auth::random_bytes::<NONCE_LEN>();
-        scoped.set("nonce", hex(&n).as_bytes())?;
+        scoped.set("nonce", format!("{} {world}", hex(&n)).as_bytes())?;
         return Ok(n.to_vec());
     }
     let raw = scoped.wait_get("nonce", cfg.timeout)?;
-    unhex(&raw).filter(|n| n.len() == NONCE_LEN).ok_or_else(|| {
+    let text = String::from_utf8_lossy(&raw);
+    if let Some(why) = text.strip_prefix("differs ") {
+        return Err(differs(why));
+    }
+    let (n, size) = text.split_once(' ').unwrap_or((&text, ""));
+    match size.parse::<usize>() {
+        Ok(size) if size != world => {
+            return Err(differs(&format!("rank 0 was given world size {size}, rank {rank} world size {world}")));
+        }
+        _ => {}
+    }
+    unhex(n.as_bytes()).filter(|n| n.len() == NONCE_LEN && size.parse::<usize>().is_ok()).ok_or_else(|| {
         Error::Store(format!(
-            "rank {}: {}/nonce holds {} bytes that are not {NONCE_LEN} hex-encoded bytes",
-            cfg.rank,
+            "rank {rank}: {}/nonce holds {} bytes that are not {NONCE_LEN} hex-encoded bytes and a world size",
             scoped.prefix(),
             raw.len()
         ))
