@@ -64,8 +64,8 @@ pub enum Error {
         detail: String,
     },
 
-    /// A peer failed and told us why before stopping.
-    #[error("{ctx}: aborted because rank {peer} failed: {reason}")]
+    /// A peer failed, or its communicator was aborted, and told us why before stopping.
+    #[error("{ctx}: {}", describe_peer_abort(*.peer, .reason))]
     PeerAborted {
         /// Where it was detected.
         ctx: OpContext,
@@ -117,7 +117,7 @@ pub enum Error {
 
     /// This rank's communicator was aborted ([`crate::Communicator::abort`]): the
     /// call was cut short or never ran, and so will every later call.
-    #[error("rank {rank}: {}: the communicator was aborted on this rank", describe_call(.call))]
+    #[error("rank {rank}: {}: {ABORTED_HERE}", describe_call(.call))]
     Aborted {
         /// The rank whose communicator was aborted.
         rank: usize,
@@ -132,6 +132,25 @@ pub enum Error {
     /// An accelerator (device) operation failed: the driver's error, naming the device.
     #[error("device error: {0}")]
     Device(String),
+}
+
+/// How [`Error::Aborted`] ends; a peer's abort reason of that form is a deliberate abort.
+const ABORTED_HERE: &str = "the communicator was aborted on this rank";
+
+/// What a peer's abort frame says: `peer` aborted its communicator (its reason is
+/// exactly the [`Error::Aborted`] of `peer`), or it failed for `reason`.
+fn describe_peer_abort(peer: usize, reason: &str) -> String {
+    let during = reason
+        .strip_prefix(&format!("rank {peer}: "))
+        .and_then(|r| r.strip_suffix(ABORTED_HERE))
+        .and_then(|r| r.strip_suffix(": "))
+        // A relayed failure has more parts ("rank 1 in ...: rank 2 ...").
+        .filter(|call| !call.contains(": "));
+    match during {
+        Some("abort") => format!("rank {peer} aborted its communicator"),
+        Some(call) => format!("rank {peer} aborted its communicator during {call}"),
+        None => format!("aborted because rank {peer} failed: {reason}"),
+    }
 }
 
 fn describe_call(call: &Option<CallSig>) -> String {

@@ -186,3 +186,21 @@ fn a_count_whose_byte_size_overflows_is_refused_and_later_calls_run() {
     });
     assert_eq!(out.expect("later calls must not hang"), vec![vec![1i64; 4]; 2]);
 }
+
+/// A rank that calls abort is said to have aborted, not to have failed; a rank that
+/// failed because of it is still said to have failed.
+#[test]
+fn a_deliberate_abort_is_named_as_an_abort_not_a_failure() {
+    let out = on_ranks(comms(Net::InProc, 3, Duration::from_secs(30)), |c| {
+        if c.rank() == 2 {
+            c.abort();
+            return String::new();
+        }
+        c.barrier().unwrap_err().to_string()
+    });
+    for (rank, msg) in out[..2].iter().enumerate() {
+        assert!(!msg.contains("rank 2 failed"), "rank {rank}: {msg}");
+        // Told by rank 2 itself, or by a rank that was told by it (and failed).
+        assert!(msg.contains("rank 2 aborted its communicator"), "rank {rank}: {msg}");
+    }
+}
