@@ -37,11 +37,28 @@ pub struct FileStore {
 }
 
 impl FileStore {
-    /// Open the store in directory `path`, creating it (and its parents) if absent.
+    /// Open the store in directory `path`, creating it if absent. Its parent must
+    /// exist: a mistyped path fails here instead of growing directories from `/`
+    /// that the other ranks (which see another tree) would never meet in.
     pub fn open(path: impl AsRef<Path>) -> Result<FileStore> {
         let dir = path.as_ref().to_path_buf();
-        fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("creating file store directory {}", dir.display()), e))?;
+        if !dir.exists() {
+            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            if !parent.is_dir() {
+                return Err(Error::Config(format!(
+                    "file store directory {}: its parent {} does not exist (create it on a file system every rank \
+                     sees, or fix the path in BRAID_STORE=file:///PATH)",
+                    dir.display(),
+                    parent.display()
+                )));
+            }
+            // Another rank may create it first.
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(format!("creating file store directory {}", dir.display()), e)),
+            }
+        }
         let meta = fs::metadata(&dir).map_err(|e| Error::io(format!("opening file store {}", dir.display()), e))?;
         if !meta.is_dir() {
             return Err(Error::Config(format!("file store path {} is not a directory", dir.display())));
@@ -227,7 +244,8 @@ mod tests {
     #[test]
     fn set_get_overwrite_delete() {
         let dir = TempDir::new("basic");
-        let s = FileStore::open(dir.0.join("nested/store")).unwrap();
+        fs::create_dir(&dir.0).unwrap();
+        let s = FileStore::open(dir.0.join("store")).unwrap();
         assert_eq!(s.get("a").unwrap(), None);
         s.set("a", b"one").unwrap();
         assert_eq!(s.get("a").unwrap().unwrap(), b"one");
@@ -317,6 +335,16 @@ mod tests {
         s.set("text", b"abc").unwrap();
         let err = s.add("text", 1).unwrap_err().to_string();
         assert!(err.contains("`text`"), "{err}");
+    }
+
+    #[test]
+    fn a_store_whose_parent_is_missing_is_refused_and_nothing_is_created() {
+        let dir = TempDir::new("noparent");
+        let err = FileStore::open(dir.0.join("missing/store")).unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("{} does not exist", dir.0.join("missing").display())), "{msg}");
+        assert!(!dir.0.exists(), "{} was created", dir.0.display());
     }
 
     #[test]

@@ -42,7 +42,7 @@
 //! timeout is never retried: the request may be in progress.
 
 mod admit;
-mod resolve;
+pub(crate) mod resolve;
 mod server;
 mod wire;
 

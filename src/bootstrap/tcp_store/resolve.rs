@@ -15,9 +15,14 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 /// `HOST:PORT` or `[V6]:PORT` split into host and port; the host is not resolved.
-pub(super) fn split_host_port(addr: &str) -> Result<(&str, u16)> {
+pub(crate) fn split_host_port(addr: &str) -> Result<(&str, u16)> {
     let bad = |why: &str| Error::Config(format!("tcp store address `{addr}` is not HOST:PORT: {why}"));
-    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no `:PORT`"))?;
+    let no_port = || bad(&format!("it has no port: add one (`{addr}:29500`, rank 0 serves the store there)"));
+    // `[V6]` alone has colons but no port.
+    let (host, port) = addr.rsplit_once(':').filter(|_| !addr.ends_with(']')).ok_or_else(no_port)?;
+    if port.is_empty() {
+        return Err(no_port());
+    }
     let host = match host.strip_prefix('[') {
         Some(inner) => inner.strip_suffix(']').ok_or_else(|| bad("unclosed `[`"))?,
         None if host.contains(':') => return Err(bad("an IPv6 address needs brackets: [ADDR]:PORT")),
@@ -125,6 +130,22 @@ mod tests {
             let err = split_host_port(bad).unwrap_err();
             assert!(matches!(err, Error::Config(_)) && err.to_string().contains(bad), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn an_address_without_a_port_says_so() {
+        for bad in ["master", "master:", "[fd00::1]", "10.0.0.1"] {
+            let err = split_host_port(bad).unwrap_err().to_string();
+            assert!(err.contains("has no port"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_store_url_without_a_port_fails_at_once_on_a_rank_that_is_not_rank_0() {
+        let key = crate::auth::JobKey::from_text("k");
+        let url = "tcp://localhost";
+        let err = crate::bootstrap::connect_store(url, false, 2, key, Duration::from_secs(30)).err().unwrap();
+        assert!(matches!(err, Error::Config(_)) && err.to_string().contains("has no port"), "{err}");
     }
 
     #[test]

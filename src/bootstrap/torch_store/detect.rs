@@ -116,6 +116,9 @@ pub(crate) fn connect_tcp_url(
     key: JobKey,
     timeout: Duration,
 ) -> Result<Arc<dyn Store>> {
+    // Checked before any connection is tried: a rank that is not rank 0 would retry
+    // an unusable address until its deadline.
+    crate::bootstrap::tcp_store::resolve::split_host_port(addr)?;
     let timeout = timeout.max(Duration::from_millis(1));
     let start = Instant::now();
     let found = if host_if_absent {
