@@ -166,8 +166,8 @@ const char *braid_version(void);
 
 /**
  * This thread's last error message: what the last braid call on this thread that
- * failed said, `""` when it succeeded (every call but this one and
- * `braid_version` clears it). NUL-terminated, owned by braid, valid until the next
+ * failed said, `""` when it succeeded (every call but this one, `braid_version`
+ * and `braid_comm_abort` clears it). NUL-terminated, owned by braid, valid until the next
  * braid call on this thread; copy it to keep it.
  */
 const char *braid_last_error(void);

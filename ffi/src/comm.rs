@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, CStr};
 use braid::{Communicator, CommunicatorBuilder, Config};
 
 use crate::braid_result::{self, *};
-use crate::{comm_ref, entry, put, Fail, Res};
+use crate::{comm_ref, entry, entry_keeping_error, put, Fail, Res};
 
 /// A communicator: a group of ranks that run collectives together (opaque).
 ///
@@ -222,7 +222,8 @@ pub unsafe extern "C" fn braid_comm_destroy(comm: *mut braid_comm) -> braid_resu
 /// `comm` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn braid_comm_abort(comm: *mut braid_comm) -> braid_result {
-    entry("braid_comm_abort", || {
+    // Called while handling an error: the error's message stays readable.
+    entry_keeping_error("braid_comm_abort", || {
         // SAFETY: the caller's promise.
         unsafe { comm_ref(comm)? }.abort();
         Ok(BRAID_SUCCESS)
@@ -273,4 +274,34 @@ pub(crate) unsafe fn live<'a>(comm: *const braid_comm) -> Res<&'a Communicator> 
         });
     }
     Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last_error() -> String {
+        // SAFETY: braid_last_error returns a NUL-terminated string valid until the next call.
+        unsafe { CStr::from_ptr(crate::braid_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn abort_keeps_the_error_that_led_to_it() {
+        let comm = Communicator::in_process_with(Config::new(0, 1)).unwrap().pop().unwrap();
+        let h = handle(comm);
+        // SAFETY: `h` is a live handle; a NULL output is refused, not written.
+        let failed = unsafe { braid_comm_rank(h, std::ptr::null_mut()) };
+        assert_ne!(failed, BRAID_SUCCESS);
+        let why = last_error();
+        assert!(why.contains("braid_comm_rank") && why.contains("NULL"), "{why}");
+        // SAFETY: `h` is a live handle.
+        assert_eq!(unsafe { braid_comm_abort(h) }, BRAID_SUCCESS);
+        assert_eq!(last_error(), why, "braid_comm_abort cleared the error being handled");
+        // An abort that fails itself says why.
+        // SAFETY: NULL is refused.
+        assert_ne!(unsafe { braid_comm_abort(std::ptr::null_mut()) }, BRAID_SUCCESS);
+        assert!(last_error().starts_with("braid_comm_abort"), "{}", last_error());
+        // SAFETY: `h` came from `handle` and is not used again.
+        drop(unsafe { Box::from_raw(h) });
+    }
 }

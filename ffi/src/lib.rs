@@ -168,6 +168,12 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
 /// log subscriber on the first call, catch panics, and record the message of a failure.
 pub(crate) fn entry(name: &str, body: impl FnOnce() -> Res<braid_result>) -> braid_result {
     set_last_error(String::new());
+    entry_keeping_error(name, body)
+}
+
+/// [`entry`] for a call made while handling an error (`braid_comm_abort`): this
+/// thread's last error stays what the failed call said unless this call fails too.
+pub(crate) fn entry_keeping_error(name: &str, body: impl FnOnce() -> Res<braid_result>) -> braid_result {
     let logged_body = || {
         log::install();
         body()
@@ -237,8 +243,8 @@ pub extern "C" fn braid_version() -> *const c_char {
 }
 
 /// This thread's last error message: what the last braid call on this thread that
-/// failed said, `""` when it succeeded (every call but this one and
-/// `braid_version` clears it). NUL-terminated, owned by braid, valid until the next
+/// failed said, `""` when it succeeded (every call but this one, `braid_version`
+/// and `braid_comm_abort` clears it). NUL-terminated, owned by braid, valid until the next
 /// braid call on this thread; copy it to keep it.
 #[no_mangle]
 pub extern "C" fn braid_last_error() -> *const c_char {
