@@ -204,3 +204,23 @@ fn a_deliberate_abort_is_named_as_an_abort_not_a_failure() {
         assert!(msg.contains("rank 2 aborted its communicator"), "rank {rank}: {msg}");
     }
 }
+
+/// A rank whose thread panicked while it held its communicator is said to have
+/// panicked, not to have closed its communicator.
+#[test]
+fn a_rank_that_panicked_is_named_as_panicked_not_closed() {
+    for net in [Net::InProc, Net::Tcp] {
+        let mut cs = comms(net, 2, Duration::from_secs(30));
+        let doomed = cs.pop().unwrap();
+        let survivor = cs.pop().unwrap();
+        let panicked = std::thread::spawn(move || {
+            let _held = doomed;
+            panic!("rank 1 gives up (deliberate test panic)");
+        })
+        .join();
+        assert!(panicked.is_err());
+        let msg = survivor.barrier().unwrap_err().to_string();
+        assert!(msg.contains("rank 1") && msg.contains("panicked"), "{net:?}: {msg}");
+        assert!(!msg.contains("closed its communicator"), "{net:?}: {msg}");
+    }
+}

@@ -455,6 +455,14 @@ fn finalize_on_device(dev: &dyn Device, sig: CallSig, schedule: &Schedule, bufs:
 impl Drop for Engine {
     fn drop(&mut self) {
         self.notice_abort();
+        // Dropped while its thread unwinds: the peers are told it panicked, not that
+        // it closed in order (the panic's message went to this process's stderr).
+        if self.broken.is_none() && std::thread::panicking() {
+            let reason = format!("rank {}: its thread panicked while it held the communicator", self.rank);
+            // Telling the peers must not unwind again while unwinding.
+            let _ = catch_unwind(AssertUnwindSafe(|| self.fail(reason)));
+            return;
+        }
         if self.broken.is_none() {
             let give_up = std::time::Instant::now() + executor::CONTROL_GRACE;
             for ch in self.channels.iter_mut().flatten() {
