@@ -90,7 +90,11 @@ fn destroy_names_a_peer_whose_connection_died() {
         .collect();
     let results: Vec<_> = ranks.into_iter().map(|h| h.join().expect("rank thread")).collect();
     match &results[0] {
-        Err(Error::PeerLost { peer: 1, detail, .. }) => assert!(detail.contains("connection closed"), "{detail}"),
+        // The link reports the cut as a closed connection, or, when rank 0 was
+        // writing as rank 1's end went away, as the peer dropping its link.
+        Err(Error::PeerLost { peer: 1, detail, .. }) => {
+            assert!(detail.contains("connection closed") || detail.contains("dropped its link"), "{detail}")
+        }
         other => panic!("rank 0's destroy: {other:?}"),
     }
     assert!(results[1].is_err(), "rank 1 cut its own link: {:?}", results[1]);
