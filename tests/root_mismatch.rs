@@ -7,12 +7,12 @@ mod common;
 use std::time::Duration;
 
 use braid::{Error, ReduceOp};
-use common::{comms, on_ranks, Call, Net};
+use common::{comms_checking_roots, on_ranks, Call, Net};
 
 /// Rank 1 passes root 1, every other rank root 0; returns each rank's error.
 fn disagree(net: Net, world: usize, call: Call) -> Vec<Error> {
     // A deadline far past the failure: an error here is the mismatch, not a timeout.
-    on_ranks(comms(net, world, Duration::from_secs(30)), move |c| {
+    on_ranks(comms_checking_roots(net, world, Duration::from_secs(30), true), move |c| {
         let root = usize::from(c.rank() == 1);
         let mut buf = vec![c.rank() as i32; 100];
         let first = match call {

@@ -107,6 +107,11 @@ impl CommunicatorBuilder {
         self.config.deterministic = on;
         self
     }
+    /// Rooted calls first agree on their signature (see [`Config::check_roots`]).
+    pub fn check_roots(mut self, on: bool) -> Self {
+        self.config.check_roots = on;
+        self
+    }
     /// Whether the tuner measures link costs at start-up (`BRAID_TUNER_PROBE`).
     pub fn tuner_probe(mut self, on: bool) -> Self {
         self.config.tuner_probe = on;

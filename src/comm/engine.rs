@@ -37,6 +37,8 @@ pub(crate) struct Engine {
     pub(super) p2p_sent: Vec<u64>,
     pub(super) p2p_received: Vec<u64>,
     pub(super) timeout: Duration,
+    /// Whether rooted calls first agree on their signature (`Config::check_roots`).
+    check_roots: bool,
     pub(super) wait: WaitPolicy,
     /// Chooses each call's algorithm.
     pub(super) tuner: Tuner,
@@ -86,6 +88,7 @@ impl Engine {
             p2p_sent: vec![0; world],
             p2p_received: vec![0; world],
             timeout: cfg.timeout,
+            check_roots: cfg.check_roots,
             wait,
             tuner: Tuner {
                 params: algorithm::PlanParams { deterministic: cfg.deterministic, ..Default::default() },
@@ -323,7 +326,7 @@ impl Engine {
         self.coll_seq += 1;
         let schedule = self.schedule(&sig)?;
         let sig = sig.with_algorithm(schedule.algorithm).reproducible(self.tuner.params.deterministic);
-        if sig.op.rooted() {
+        if sig.op.rooted() && self.check_roots {
             self.agree_on_call(sig, seq)?;
         }
         let mut bufs = Buffers {

@@ -25,10 +25,17 @@ pub enum Net {
 
 /// Build `world` communicators over `net`.
 pub fn comms(net: Net, world: usize, timeout: Duration) -> Vec<Communicator> {
+    comms_checking_roots(net, world, timeout, false)
+}
+
+/// [`comms`], with rooted calls first agreeing on their signature when `check_roots`
+/// (`BRAID_CHECK_ROOTS`).
+pub fn comms_checking_roots(net: Net, world: usize, timeout: Duration, check_roots: bool) -> Vec<Communicator> {
     match net {
         Net::InProc => {
             let mut cfg = Config::new(0, world);
             cfg.timeout = timeout;
+            cfg.check_roots = check_roots;
             Communicator::in_process_with(cfg).expect("in-process communicators")
         }
         Net::Tcp | Net::Shm => {
@@ -43,6 +50,7 @@ pub fn comms(net: Net, world: usize, timeout: Duration) -> Vec<Communicator> {
                             .socket_ifname("lo")
                             .transports(vec![kind])
                             .timeout(timeout)
+                            .check_roots(check_roots)
                             .build()
                             .expect("tcp communicator")
                     })
