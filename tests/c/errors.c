@@ -109,7 +109,10 @@ int main(void) {
         braid_comm *child = (braid_comm *)&w;
         EXPECT_ERR(braid_comm_split(sub, 0, 0, &child), BRAID_ERR_ABORTED, "aborted");
         CHECK(child == NULL, "a split of an aborted communicator left a handle");
-        EXPECT_OK(braid_comm_abort(sub)); /* again: harmless */
+        /* Again: harmless, and abort keeps the message of the failure that led to it. */
+        CHECK(braid_comm_abort(sub) == BRAID_SUCCESS, "a second abort failed: %s", braid_last_error());
+        CHECK(strstr(braid_last_error(), "aborted") != NULL, "abort cleared the split's message: \"%s\"",
+              braid_last_error());
         EXPECT_OK(braid_comm_destroy(sub));
     }
 
