@@ -3,18 +3,21 @@
 # ranks over shared memory, 1 KiB..512 KiB, in place, OLD and NEW alternated ROUNDS
 # times; prints per size the median time of each and NEW/OLD.
 #   results/root_check_ab.sh OLD_BRAID NEW_BRAID [NEW_ENV]
-# NEW_ENV (e.g. BRAID_CHECK_ROOTS=1) is set for the NEW runs only. An OLD binary from
+# NEW_ENV (e.g. BRAID_CHECK_ROOTS=1) is set for the NEW runs only. OPS and SIZES
+# (perf's size flags) change what is swept. An OLD binary from
 # before `--in-place` existed measures in place by default; NEW gets `--in-place`.
 set -euo pipefail
 old=$1 new=$2 new_env=${3:-} rounds=${ROUNDS:-3}
+ops=${OPS:-"broadcast reduce"}
+read -r -a sizes <<<"${SIZES:--b 1K -e 1M -f 8 -n 300 -w 20}"
 dir=$(mktemp -d)
 for r in $(seq "$rounds"); do
   for who in old new; do
-    for op in broadcast reduce; do
+    for op in $ops; do
       if [ $who = old ]; then
-        timeout 120 "$old" perf --op $op --ranks 4 -b 1K -e 1M -f 8 -n 300 -w 20 >"$dir/$who-$op-$r.txt" 2>&1
+        timeout 120 "$old" perf --op $op --ranks 4 "${sizes[@]}" >"$dir/$who-$op-$r.txt" 2>&1
       else
-        env $new_env timeout 120 "$new" perf --op $op --ranks 4 -b 1K -e 1M -f 8 -n 300 -w 20 --in-place \
+        env $new_env timeout 120 "$new" perf --op $op --ranks 4 "${sizes[@]}" --in-place \
           >"$dir/$who-$op-$r.txt" 2>&1
       fi
     done
@@ -24,7 +27,8 @@ python3 - "$dir" <<'PY'
 import glob, os, statistics, sys
 data = {}
 for f in glob.glob(os.path.join(sys.argv[1], "*.txt")):
-    who, op, _ = os.path.basename(f)[:-4].split("-")
+    parts = os.path.basename(f)[:-4].split("-")
+    who, op = parts[0], "-".join(parts[1:-1])
     for line in open(f):
         t = line.split()
         if len(t) > 8 and t[0].isdigit():
