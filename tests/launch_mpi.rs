@@ -6,14 +6,13 @@
 //! Needs `mpirun` (openmpi-bin) and `libpmix.so.2` (libpmix2): in CI (`CI=true`)
 //! their absence fails the tests, elsewhere it skips them with a reason.
 
-#[path = "common/bounded.rs"]
-mod bounded;
+mod common;
 
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use bounded::{can_run, require, run_bounded, without_braid_env, Outcome};
+use common::bounded::{can_run, require, run_bounded, without_braid_env, Outcome};
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 const OPS: [&str; 7] = ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier"];

@@ -12,13 +12,11 @@
 //! Needs root, iproute2, util-linux and (for mpirun) openmpi-bin with libpmix2: in
 //! CI (`CI=true`) their absence fails the tests, elsewhere it skips them.
 
-#[path = "common/bounded.rs"]
-mod bounded;
 mod common;
 
 use std::time::Duration;
 
-use bounded::{require, spawn_group, wait_bounded, Outcome};
+use common::bounded::{require, spawn_group, wait_bounded, Outcome};
 use common::hosts::{describe, Hosts, HostsSpec};
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");

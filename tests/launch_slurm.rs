@@ -9,14 +9,13 @@
 //! starts the tasks) and slurm-wlm + munge: in CI (`CI=true`) their absence fails the
 //! test, elsewhere it skips it with a reason.
 
-#[path = "common/bounded.rs"]
-mod bounded;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use bounded::{can_run, find_program, run_bounded, signal_group, spawn_group, without_braid_env, Outcome};
+use common::bounded::{can_run, find_program, run_bounded, signal_group, spawn_group, without_braid_env, Outcome};
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
 const OPS: [&str; 7] = ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier"];

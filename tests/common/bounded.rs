@@ -1,9 +1,7 @@
 //! Run a launcher (mpirun, srun, a daemon) bounded in time: it starts in a process
 //! group of its own, its output is drained on threads, and past its limit the whole
 //! group gets SIGTERM (so a launcher can take its ranks down), then SIGKILL.
-//! Included with `#[path]` by the launcher tests.
-
-#![allow(dead_code)]
+//! Part of the shared test harness (`common::bounded`).
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -33,7 +31,8 @@ impl Outcome {
     }
 }
 
-fn drain(r: Option<impl Read + Send + 'static>) -> Option<JoinHandle<String>> {
+/// Read `r` to its end on a thread of its own (a chatty child cannot fill its pipe).
+pub fn drain(r: Option<impl Read + Send + 'static>) -> Option<JoinHandle<String>> {
     r.map(|mut r| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();

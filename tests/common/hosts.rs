@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::bounded::drain;
+
 /// How to build the hosts.
 #[derive(Clone, Debug)]
 pub struct HostsSpec {
@@ -70,16 +72,6 @@ struct Running {
     child: Child,
     out: Option<JoinHandle<String>>,
     err: Option<JoinHandle<String>>,
-}
-
-fn drain(r: Option<impl Read + Send + 'static>) -> Option<JoinHandle<String>> {
-    r.map(|mut r| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = r.read_to_end(&mut buf);
-            String::from_utf8_lossy(&buf).into_owned()
-        })
-    })
 }
 
 /// Kill the child with SIGKILL when the thread that spawned it (the test) dies, so a

@@ -2,6 +2,7 @@
 //! are threads, over the in-process transport or over real TCP sockets.
 #![allow(dead_code)]
 
+pub mod bounded;
 pub mod hosts;
 
 use std::sync::Arc;
