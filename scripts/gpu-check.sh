@@ -22,7 +22,9 @@
 # timeout_s 540 (the run ends by itself within GPU_CHECK_BUDGET plus a few seconds).
 # Knobs (environment): GPU_CHECK_BUDGET (seconds for everything, default 450),
 # GPU_CHECK_MIN / GPU_CHECK_MAX / GPU_CHECK_FACTOR (sizes), GPU_CHECK_ITERS,
-# GPU_CHECK_RANKS (e.g. "1 2"), GPU_CHECK_OPS.
+# GPU_CHECK_RANKS (e.g. "1 2"), GPU_CHECK_OPS; the bandwidth phase before the matrix:
+# GPU_CHECK_BW_BUDGET (seconds, default 120; 0 skips it), GPU_CHECK_BW_OPS,
+# GPU_CHECK_BW_RANKS, GPU_CHECK_BW_MIN / GPU_CHECK_BW_MAX, GPU_CHECK_BW_ITERS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-check
@@ -142,6 +144,45 @@ run() {
     record d2d-copy-ceiling "$([ $rc = 0 ] && echo pass || echo fail)" $rc $((SECONDS - t0))
   fi
 
+  # Bandwidth first (the ceiling's use): long messages, several timed iterations,
+  # every result still checked; rows in bw.jsonl, ratios to the copy ceiling in
+  # the summary. GPU_CHECK_BW_BUDGET=0 skips it.
+  local bw_budget=${GPU_CHECK_BW_BUDGET:-120} bw_rows=$out/bw.jsonl
+  : >"$bw_rows"
+  if [ "$bw_budget" -gt 0 ]; then
+    local bw_list=() bw_end=$(($(date +%s) + bw_budget))
+    for op in ${GPU_CHECK_BW_OPS:-all-reduce}; do
+      for n in ${GPU_CHECK_BW_RANKS:-2 4 8}; do
+        for mode in procs threads; do bw_list+=("$op $n $mode"); done
+      done
+    done
+    echo "== bandwidth: ${#bw_list[@]} cases, ${GPU_CHECK_BW_MIN:-256M}..${GPU_CHECK_BW_MAX:-1G}" | tee -a "$log"
+    local bw_left=${#bw_list[@]}
+    for entry in "${bw_list[@]}"; do
+      read -r op n mode <<<"$entry"
+      local name="bandwidth $op n=$n $mode" t
+      t=$(((bw_end - $(date +%s)) / bw_left))
+      bw_left=$((bw_left - 1))
+      if [ "$t" -lt 3 ]; then record "$name" not-reached null 0; continue; fi
+      local args=(perf --op "$op" --ranks "$n" --device "$device" --check -b "${GPU_CHECK_BW_MIN:-256M}"
+        -e "${GPU_CHECK_BW_MAX:-1G}" -f 2 -n "${GPU_CHECK_BW_ITERS:-5}" -w 2 --in-place --json "$work/rows.jsonl")
+      [ "$mode" = threads ] && args+=(--transport inproc)
+      echo "-- $name (timeout ${t}s): braid ${args[*]}" >>"$log"
+      rm -f "$work/rows.jsonl"
+      t0=$SECONDS
+      timeout -k 5 "$t" "$braid" "${args[@]}" >>"$log" 2>&1
+      rc=$?
+      local status=pass nrows=0
+      if [ -f "$work/rows.jsonl" ]; then
+        nrows=$(wc -l <"$work/rows.jsonl")
+        sed "s/^{/{\"case\":\"$name\",\"mode\":\"$mode\",/" "$work/rows.jsonl" >>"$bw_rows"
+      fi
+      case $rc in 0) ;; 124 | 137) status=timeout ;; *) status=fail ;; esac
+      record "$name" $status $rc $((SECONDS - t0)) ",\"op\":\"$op\",\"ranks\":$n,\"mode\":\"$mode\",\"timeout_s\":$t,\"sizes_done\":$nrows"
+      echo "$name: $status (rc $rc, $((SECONDS - t0))s, $nrows sizes)"
+    done
+  fi
+
   # The matrix, smallest worlds first: every collective (the barrier once per world and
   # mode, at no size) and send/recv (each rank to rank + 1, from 2 ranks, always from a
   # send buffer into a receive buffer), ranks x {processes, threads, processes with the
@@ -214,6 +255,25 @@ run() {
     echo
     echo "Copy ceiling: $ceil_line"
     echo
+    if [ -s "$bw_rows" ]; then
+      echo "Bus bandwidth against the copy ceiling (busbw / copy rate):"
+      echo
+      python3 - "$bw_rows" "$out/ceiling.json" <<'PY' || echo "(no python3 for the ratio table)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+try:
+    ceil = json.load(open(sys.argv[2])).get("copy_GBps")
+except Exception:
+    ceil = None
+print("| op | ranks | mode | size | algo | busbw GB/s | of copy ceiling | wrong |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+for r in rows:
+    ratio = f"{r['busbw_gbps'] / ceil:.1%}" if ceil else "n/a"
+    print(f"| {r['op']} | {r['ranks']} | {r['mode']} | {r['bytes'] >> 20} MiB | {r['algo']} | "
+          f"{r['busbw_gbps']:.1f} | {ratio} | {r.get('wrong')} |")
+PY
+      echo
+    fi
     echo "| case | status | rc | time |"
     echo "| --- | --- | --- | --- |"
     cat "$work/table"

@@ -5,9 +5,11 @@
 //! one host, through IPC handles or peer access; the simulated device: devices of
 //! one process) the executor wraps the peer's host channel in a `PeerCopyChannel`
 //! for the length of a call. The sender exports its region
-//! ([`Device::export`]) and, for each piece (a [`pieces`] cut) once the piece is
-//! final, sends a *descriptor*: the export handle, the piece's offset inside the
-//! exported allocation, its length and its number. The receiver opens the handle
+//! ([`Device::export`]) and, for each piece once the piece is final, sends a
+//! *descriptor*: the export handle, the piece's offset inside the exported
+//! allocation, its length and its number. A piece here is a *unit*: a run of the
+//! executor's [`pieces`] (one for short transfers, up to 64 MiB for long ones, see
+//! [`unit_pieces`]), since every descriptor costs host work a GPU copy does not. The receiver opens the handle
 //! ([`Device::open_export`], cached by the device), checks the descriptor against
 //! the receive it posted and the size of the mapping, and enqueues one device
 //! operation reading the peer's memory: a copy, or for a receive-reduce
@@ -226,26 +228,62 @@ struct RecvJob {
     finished: usize,
 }
 
-/// Piece `k` of a region of `len` bytes, as [`pieces`] cuts it (`k` below the count).
-fn piece(len: usize, k: usize) -> (usize, usize) {
-    let off = k * PIECE_BYTES;
-    (off, (len - off).min(PIECE_BYTES))
+/// Descriptors a long transfer is cut into (see [`unit_pieces`]).
+const UNITS_PER_TRANSFER: usize = 8;
+/// The most [`PIECE_BYTES`] pieces one descriptor covers.
+const MAX_UNIT_PIECES: usize = 64;
+
+/// How many of the executor's pieces (the [`pieces`] cut) one descriptor of a
+/// transfer of `len` bytes covers: one up to [`UNITS_PER_TRANSFER`] pieces, then
+/// enough for that many descriptors, at most [`MAX_UNIT_PIECES`]. Each descriptor
+/// costs a device operation, an event and two control messages, some 10 to 30 us
+/// of host work; a piece of 1 MiB takes under 1 us to copy on a GPU, so one
+/// descriptor per piece held an H100 near 50 GB/s of its 1.5 TB/s (2026-11-27).
+/// A forward still pipelines: a unit goes out once all its pieces are final.
+/// Both ends derive it from the length, which they check agrees.
+fn unit_pieces(len: usize) -> usize {
+    len.div_ceil(PIECE_BYTES).div_ceil(UNITS_PER_TRANSFER).clamp(1, MAX_UNIT_PIECES)
 }
 
-/// How many pieces [`pieces`] cuts a region of `len` bytes into (an empty one: one).
-fn piece_count(len: usize) -> usize {
-    len.div_ceil(PIECE_BYTES).max(1)
+/// Unit `k` of a region of `len` bytes (`k` below [`unit_count`]): its offset and
+/// length, a run of whole [`pieces`] but for the last.
+fn unit(len: usize, k: usize) -> (usize, usize) {
+    let span = unit_pieces(len) * PIECE_BYTES;
+    let off = k * span;
+    (off, (len - off).min(span))
+}
+
+/// How many units a region of `len` bytes has (an empty one: one).
+fn unit_count(len: usize) -> usize {
+    len.div_ceil(unit_pieces(len) * PIECE_BYTES).max(1)
+}
+
+/// The executor's pieces (indices into its [`pieces`] cut) unit `k` covers.
+fn unit_piece_range(len: usize, k: usize) -> std::ops::Range<usize> {
+    let per = unit_pieces(len);
+    let total = len.div_ceil(PIECE_BYTES).max(1);
+    (k * per).min(total)..((k + 1) * per).min(total)
+}
+
+/// Whether every piece of unit `k` of a forward whose first gate is `g` is final.
+fn unit_final(gates: &[usize], g: usize, len: usize, k: usize) -> bool {
+    unit_piece_range(len, k).all(|p| gates.get(g + p).is_some_and(|&v| v >= piece_len(len, p)))
+}
+
+/// The length of the executor's piece `p` of a region of `len` bytes.
+fn piece_len(len: usize, p: usize) -> usize {
+    (len - p * PIECE_BYTES).min(PIECE_BYTES)
 }
 
 impl SendJob {
     fn done(&self) -> bool {
-        self.acked == piece_count(self.len)
+        self.acked == unit_count(self.len)
     }
 }
 
 impl RecvJob {
     fn done(&self) -> bool {
-        self.finished == piece_count(self.len)
+        self.finished == unit_count(self.len)
     }
 }
 
@@ -301,7 +339,7 @@ impl<'a> PeerCopyChannel<'a> {
         let (len, Some(b)) = (self.sends[i].len, self.sends[i].bounce.as_ref()) else { return Ok(true) };
         let (slot, src, staged, pending) = (b.slot, b.src, b.staged, b.pending);
         let t = if staged == k {
-            let (off, plen) = piece(len, k);
+            let (off, plen) = unit(len, k);
             let dst = self.bounces[slot].0.ptr() + off as u64;
             // SAFETY: `src + off` is piece k of the send's bounds-checked region,
             // final now (its gate is open); `dst` is the same piece of this
@@ -392,11 +430,11 @@ impl<'a> PeerCopyChannel<'a> {
             }
             loop {
                 let job = &self.sends[i];
-                if job.described == piece_count(job.len) {
+                if job.described == unit_count(job.len) {
                     break;
                 }
-                let (off, plen) = piece(job.len, job.described);
-                if job.gate.is_some_and(|g| gates[g + job.described] < plen) {
+                let (off, plen) = unit(job.len, job.described);
+                if job.gate.is_some_and(|g| !unit_final(gates, g, job.len, job.described)) {
                     break;
                 }
                 let k = job.described;
@@ -454,11 +492,11 @@ impl<'a> PeerCopyChannel<'a> {
         };
         let job = &self.recvs[idx as usize];
         let (dst, reduce) = (job.dst, job.reduce);
-        let pieces_n = piece_count(job.len);
-        if c.piece != job.landed as u64 || job.landed >= pieces_n {
-            return Err(Self::protocol(call, peer, format!("{what}: expected piece {} of {pieces_n}", job.landed)));
+        let units = unit_count(job.len);
+        if c.piece != job.landed as u64 || job.landed >= units {
+            return Err(Self::protocol(call, peer, format!("{what}: expected piece {} of {units}", job.landed)));
         }
-        let (off, plen) = piece(job.len, job.landed);
+        let (off, plen) = unit(job.len, job.landed);
         if c.len != plen as u64 {
             return Err(Self::protocol(call, peer, format!("{what}: {} bytes where this rank expects {plen}", c.len)));
         }
@@ -539,7 +577,9 @@ impl<'a> PeerCopyChannel<'a> {
                 job.flight.pop_front();
                 job.finished += 1;
                 if let Some(g) = job.feeds {
-                    gates[g + k] = piece(job.len, k).1;
+                    for p in unit_piece_range(job.len, k) {
+                        gates[g + p] = piece_len(job.len, p);
+                    }
                 }
                 if self.last_posted && self.recvs[i].done() && self.recvs.iter().all(RecvJob::done) {
                     // The last acknowledgement the peer's call waits for from this
@@ -587,7 +627,7 @@ impl PeerChannel for PeerCopyChannel<'_> {
             // SAFETY: the region is this call's, bounds-checked; the bounce buffer
             // holds at least `src.len` bytes and no unfinished send uses it.
             unsafe { self.device.copy_on_device(self.bounces[b.slot].0.ptr(), dptr, src.len)? };
-            b.staged = piece_count(src.len);
+            b.staged = unit_count(src.len);
         }
         if export.handle.len() > MAX_EXPORT_HANDLE {
             return Err(Error::Device(format!(
@@ -598,7 +638,7 @@ impl PeerChannel for PeerCopyChannel<'_> {
             )));
         }
         let ready = Some(self.device.record()?);
-        for _ in pieces(src.len) {
+        for _ in 0..unit_count(src.len) {
             self.expect_control(call)?;
         }
         self.sends.push(SendJob { len: src.len, gate: first_gate, ready, export, bounce, described: 0, acked: 0 });
@@ -618,7 +658,7 @@ impl PeerChannel for PeerCopyChannel<'_> {
             None => None,
         };
         self.retire();
-        for _ in pieces(dst.len) {
+        for _ in 0..unit_count(dst.len) {
             self.expect_control(call)?;
         }
         let feeds = forward.map(|gates| {
@@ -663,9 +703,8 @@ impl PeerChannel for PeerCopyChannel<'_> {
         // waiting for another channel's reduction: the executor spins, then yields.
         let device_work = self.recvs.iter().any(|j| !j.flight.is_empty())
             || self.sends.iter().any(|j| {
-                let waiting_gate = j.described < piece_count(j.len)
-                    && j.gate
-                        .is_some_and(|g| gates.get(g + j.described).is_some_and(|&v| v < piece(j.len, j.described).1));
+                let waiting_gate = j.described < unit_count(j.len)
+                    && j.gate.is_some_and(|g| !unit_final(gates, g, j.len, j.described));
                 j.ready.is_some() || waiting_gate || j.bounce.as_ref().is_some_and(|b| b.pending.is_some())
             });
         if device_work {

@@ -98,13 +98,80 @@ fn a_receive_reduce_reads_the_peer_device_memory_directly() {
 /// Zero-length regions: one empty piece each way, described and acknowledged,
 /// with no device work.
 #[test]
-fn piece_arithmetic_agrees_with_the_cut_every_channel_uses() {
-    for len in [0, 1, PIECE_BYTES - 1, PIECE_BYTES, PIECE_BYTES + 1, 3 * PIECE_BYTES + 5] {
+fn units_are_runs_of_the_cut_every_channel_uses() {
+    let pb = PIECE_BYTES;
+    for len in [0, 1, pb - 1, pb, pb + 1, 3 * pb + 5, 8 * pb, 8 * pb + 1, 20 * pb + 3, 512 * pb, 1024 * pb + 9] {
         let cut: Vec<(usize, usize)> = crate::executor::channel::pieces(len).collect();
-        assert_eq!(super::piece_count(len), cut.len(), "{len}");
-        for (k, p) in cut.iter().enumerate() {
-            assert_eq!(super::piece(len, k), *p, "{len} piece {k}");
+        let units = super::unit_count(len);
+        let mut next_piece = 0;
+        for k in 0..units {
+            let (off, ulen) = super::unit(len, k);
+            let range = super::unit_piece_range(len, k);
+            assert_eq!(range.start, next_piece, "{len} unit {k}: contiguous pieces");
+            let (first, last) = (cut[range.start], cut[range.end - 1]);
+            assert_eq!((off, off + ulen), (first.0, last.0 + last.1), "{len} unit {k}: exactly its pieces");
+            for p in range.clone() {
+                assert_eq!(super::piece_len(len, p), cut[p].1, "{len} piece {p}");
+            }
+            next_piece = range.end;
         }
+        assert_eq!(next_piece, cut.len(), "{len}: the units cover every piece");
+        // Short transfers keep one descriptor per piece; long ones at most
+        // UNITS_PER_TRANSFER, but never over MAX_UNIT_PIECES pieces each.
+        let want = if cut.len() <= super::UNITS_PER_TRANSFER {
+            cut.len()
+        } else {
+            cut.len().div_ceil(cut.len().div_ceil(super::UNITS_PER_TRANSFER).min(super::MAX_UNIT_PIECES))
+        };
+        assert_eq!(units, want, "{len}");
+    }
+    assert_eq!(super::unit_count(1024 * pb), 16, "1 GiB: units of 64 MiB");
+    assert_eq!(super::unit_count(128 * pb), 8, "128 MiB: units of 16 MiB");
+}
+
+/// A forward through units of several pieces: the receive raises every piece's
+/// gate of a unit once its work completed, and a forwarded send describes a unit
+/// only when all its pieces are final (here rank 1 receives from rank 0 and
+/// forwards to rank 2 on the same gates).
+#[test]
+fn a_long_forward_moves_in_units_and_opens_every_piece_gate() {
+    let n = (20 * PIECE_BYTES + 12) / 4;
+    let len = n * 4;
+    let devs: Vec<Arc<SimDevice>> = (0..3).map(|r| Arc::new(SimDevice::new(&format!("u{r}")))).collect();
+    let d: Vec<Arc<dyn Device>> = devs.iter().map(|s| s.clone() as Arc<dyn Device>).collect();
+    let bufs: Vec<DevicePtr> = d.iter().map(|d| d.alloc_device(len).unwrap()).collect();
+    devs[0].upload(bufs[0], &ints((0..n as i32).map(|i| i * 3 + 1))).unwrap();
+    let (mut c01, mut c10) = pair();
+    let (mut c12, mut c21) = pair();
+    let mut a = PeerCopyChannel::new(&mut c01, d[0].clone(), This);
+    let mut b_in = PeerCopyChannel::new(&mut c10, d[1].clone(), This);
+    let mut b_out = PeerCopyChannel::new(&mut c12, d[1].clone(), This);
+    let mut c = PeerCopyChannel::new(&mut c21, d[2].clone(), This);
+    let mut gates = Vec::new();
+    a.post_send(region(bufs[0], len), None, &call(0, n)).unwrap();
+    b_in.post_recv(region(bufs[1], len), None, Some(&mut gates), &call(1, n)).unwrap();
+    assert_eq!(gates.len(), 21, "one executor gate per piece");
+    b_out.post_send(region(bufs[1], len), Some(0), &call(1, n)).unwrap();
+    c.post_recv(region(bufs[2], len), None, None, &call(2, n)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut moved = a.progress(1, &mut gates, &call(0, n)).unwrap();
+        moved |= b_in.progress(0, &mut gates, &call(1, n)).unwrap();
+        moved |= b_out.progress(2, &mut gates, &call(1, n)).unwrap();
+        moved |= c.progress(1, &mut [], &call(2, n)).unwrap();
+        if !(a.busy() || b_in.busy() || b_out.busy() || c.busy()) {
+            break;
+        }
+        assert!(moved || std::time::Instant::now() < deadline, "no completion within 20 s");
+    }
+    let want: Vec<usize> = crate::executor::channel::pieces(len).map(|(_, l)| l).collect();
+    assert_eq!(gates, want, "every piece's gate opened");
+    for (r, s) in devs.iter().enumerate().skip(1) {
+        let mut out = vec![0u8; len];
+        s.download(bufs[r], &mut out).unwrap();
+        assert_eq!(out, ints((0..n as i32).map(|i| i * 3 + 1)), "rank {r}'s copy");
+        // 21 pieces in units of 3: 7 device copies where there were 21.
+        assert_eq!(s.stats().on_device, 7, "rank {r}: one device copy per unit");
     }
 }
 
@@ -228,22 +295,29 @@ fn a_staging_end_and_a_single_copy_end_fail_cleanly() {
     }
 }
 
-/// Rank 1 receives `pieces` pieces from a forged rank 0 (a raw host channel),
-/// whose descriptor for piece k is `describe(k)`. Returns rank 1's device, where
-/// the receive landed, and the error (if any) after the channel was dropped.
+/// Rank 1 posts `receives` receives of `pieces` pieces each (at most
+/// UNITS_PER_TRANSFER, so one descriptor per piece) from a forged rank 0 (a raw
+/// host channel), whose descriptor for piece k (counted over all receives) is
+/// `describe(k)`. Returns rank 1's device, where the receives landed one after
+/// the other, and the error (if any) after the channel was dropped.
 fn forged_receive(
     victim: &Arc<SimDevice>,
+    receives: usize,
     pieces: usize,
     channel: impl FnOnce(&mut crate::executor::StreamChannel, Arc<dyn Device>) -> PeerCopyChannel<'_>,
     describe: impl Fn(usize) -> Vec<u8>,
 ) -> (DevicePtr, Result<()>) {
+    assert!(pieces <= super::UNITS_PER_TRANSFER);
     let d1: Arc<dyn Device> = victim.clone();
-    let len = pieces * PIECE_BYTES;
+    let len = receives * pieces * PIECE_BYTES;
     let dst = d1.alloc_device(len).unwrap();
     let (mut c0, mut c1) = pair();
     let mut b = channel(&mut c1, d1);
-    b.post_recv(region(dst, len), None, None, &call(1, len / 4)).unwrap();
-    let mut wire: Vec<Vec<u8>> = (0..pieces).map(describe).collect();
+    for r in 0..receives {
+        let part = region(dst + (r * pieces * PIECE_BYTES) as u64, pieces * PIECE_BYTES);
+        b.post_recv(part, None, None, &call(1, len / 4)).unwrap();
+    }
+    let mut wire: Vec<Vec<u8>> = (0..receives * pieces).map(describe).collect();
     for m in &mut wire {
         let r = MemRegion { ptr: m.as_mut_ptr(), len: m.len(), kind: MemKind::Host };
         c0.post_send(r, None, &call(0, len / 4)).unwrap();
@@ -261,7 +335,9 @@ fn forged_receive(
 #[test]
 fn a_peer_naming_a_new_allocation_every_piece_is_refused_past_the_per_call_bound() {
     let owner = SimDevice::new("many");
-    let n = MAX_PEER_ALLOCATIONS_PER_CALL + 3;
+    // Three receives of 8 pieces (a unit each): the bound is per call, not per transfer.
+    let per = super::UNITS_PER_TRANSFER;
+    let n = (MAX_PEER_ALLOCATIONS_PER_CALL + 3).next_multiple_of(per);
     let handles: Vec<Vec<u8>> = (0..n)
         .map(|k| {
             let p = owner.alloc_device(PIECE_BYTES).unwrap();
@@ -272,9 +348,10 @@ fn a_peer_naming_a_new_allocation_every_piece_is_refused_past_the_per_call_bound
     let victim = Arc::new(SimDevice::new("bounded"));
     let (dst, r) = forged_receive(
         &victim,
-        n,
+        n / per,
+        per,
         |c, d| PeerCopyChannel::new(c, d, This),
-        |k| descriptor(0, k as u64, 0, PIECE_BYTES as u64, handles[k].clone()),
+        |k| descriptor((k / per) as u64, (k % per) as u64, 0, PIECE_BYTES as u64, handles[k].clone()),
     );
     let e = r.expect_err("a new allocation in every piece must be refused");
     let text = e.to_string();
@@ -306,6 +383,7 @@ fn a_forged_same_process_handle_never_reads_this_ranks_own_memory() {
     let handle = victim.export(secret, PIECE_BYTES).unwrap().handle;
     let (dst, r) = forged_receive(
         &victim,
+        1,
         1,
         |c, d| PeerCopyChannel::new(c, d, crate::device::PeerProcess::Other),
         |_| descriptor(0, 0, 0, PIECE_BYTES as u64, handle.clone()),
