@@ -60,6 +60,7 @@ pub fn ptx_for(arch: &str) -> Result<String> {
 }
 
 /// The version of the NVRTC library that loads, `(major, minor)`.
+#[cfg(test)]
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     nvrtc_available().map_err(Error::Unsupported)?;
     let (mut major, mut minor) = (0, 0);
@@ -75,6 +76,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 
 /// The oldest architecture (e.g. 75 for `compute_75`) the loaded NVRTC compiles
 /// for: CUDA 13's NVRTC dropped Volta, so [`EMBEDDED_ARCH`] is not always one.
+#[cfg(test)]
 pub fn oldest_supported_arch() -> Result<u32> {
     nvrtc_available().map_err(Error::Unsupported)?;
     let missing = |_| Error::Unsupported("libnvrtc has no nvrtcGetSupportedArchs".into());
@@ -102,6 +104,7 @@ pub fn oldest_supported_arch() -> Result<u32> {
 }
 
 /// The NVRTC release [`EMBEDDED_PTX`] was generated with (its header names it).
+#[cfg(test)]
 pub const EMBEDDED_NVRTC: (i32, i32) = (12, 9);
 
 /// Compile the kernel source for `arch` (uncached).
