@@ -140,6 +140,32 @@ typedef enum braid_reduce_op {
 } braid_reduce_op;
 
 /**
+ * The `level` passed to a `braid_log_fn`: how severe the line is.
+ */
+typedef enum braid_log_level {
+  /**
+   * Something failed.
+   */
+  BRAID_LOG_ERROR = 1,
+  /**
+   * Something went wrong that braid worked around (a fallback, a retry).
+   */
+  BRAID_LOG_WARN = 2,
+  /**
+   * Rare events worth knowing (fault injection).
+   */
+  BRAID_LOG_INFO = 3,
+  /**
+   * How a communicator was built: topology, links, transports, tuning.
+   */
+  BRAID_LOG_DEBUG = 4,
+  /**
+   * Per-call detail.
+   */
+  BRAID_LOG_TRACE = 5,
+} braid_log_level;
+
+/**
  * A communicator: a group of ranks that run collectives together (opaque).
  *
  * Every rank must issue the same collectives in the same order. One handle may be
@@ -153,6 +179,14 @@ typedef struct braid_comm braid_comm;
  * One thread at a time may use a handle.
  */
 typedef struct braid_work braid_work;
+
+/**
+ * A log callback: `user` as registered, `level` a `braid_log_level`, `target` the
+ * part of braid that logged (e.g. `"braid::topology"`) and `message` the line with
+ * its fields (`"topology discovered rank=0 ..."`). Both strings are NUL-terminated
+ * and valid only during the call: copy them to keep them.
+ */
+typedef void (*braid_log_fn)(void *user, int level, const char *target, const char *message);
 
 #ifdef __cplusplus
 extern "C" {
@@ -546,6 +580,28 @@ enum braid_result braid_comm_size(const struct braid_comm *comm, int *size);
  * `filter` is NULL or a NUL-terminated string.
  */
 enum braid_result braid_set_log_level(const char *filter);
+
+/**
+ * Send braid's log lines to `callback` instead of stderr: every line that passes
+ * the filter (`BRAID_DEBUG`, `braid_set_log_level`), with `user` passed back
+ * unchanged. NULL restores stderr. When this returns, no call to the previous
+ * callback is still running or will start.
+ *
+ * The callback is called on whichever thread logs, the program's own or one of
+ * braid's, possibly on several at once: it must be thread-safe, must return
+ * (not `longjmp` or throw), and should be quick (braid waits for it). It must
+ * not call braid: a braid call from inside it returns `BRAID_ERR_UNSUPPORTED`
+ * (`braid_last_error()` says why; reading that is allowed). A Rust panic while
+ * formatting a line is caught; the line is dropped.
+ *
+ * `BRAID_ERR_UNSUPPORTED` where another `tracing` subscriber was installed first
+ * (a Rust program linking the static library: give that subscriber a layer).
+ *
+ * # Safety
+ * `callback` is NULL or a function of this type, callable with `user` from any
+ * thread until it is replaced.
+ */
+enum braid_result braid_set_log_callback(braid_log_fn callback, void *user);
 
 /**
  * Block until the work has completed; its result (`BRAID_SUCCESS`, or the error

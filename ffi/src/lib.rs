@@ -6,7 +6,8 @@
 //! roots, peers and sizes, and leaves a message for [`braid_last_error`] when it
 //! fails. Files: `lib.rs` codes, errors and argument checks; `comm.rs` communicators;
 //! `collectives.rs` the blocking and async collectives; `work.rs` work handles;
-//! `log.rs` the log subscriber (`BRAID_DEBUG`, `braid_set_log_level`).
+//! `log.rs` the log subscriber (`BRAID_DEBUG`, `braid_set_log_level`,
+//! `braid_set_log_callback`).
 
 #![allow(non_camel_case_types)]
 
@@ -149,6 +150,11 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// Replace this thread's last error, returning what it was.
+pub(crate) fn swap_last_error(text: CString) -> CString {
+    LAST_ERROR.try_with(|e| e.replace(text)).unwrap_or_default()
+}
+
 fn set_last_error(msg: String) {
     // Interior NULs would cut the message short in C: show them instead.
     let text = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
@@ -174,6 +180,12 @@ pub(crate) fn entry(name: &str, body: impl FnOnce() -> Res<braid_result>) -> bra
 /// [`entry`] for a call made while handling an error (`braid_comm_abort`): this
 /// thread's last error stays what the failed call said unless this call fails too.
 pub(crate) fn entry_keeping_error(name: &str, body: impl FnOnce() -> Res<braid_result>) -> braid_result {
+    if log::inside_callback() {
+        // The line being delivered may have been logged while braid holds a lock
+        // this call would need.
+        set_last_error(format!("{name}: braid calls are refused inside the log callback (braid_set_log_callback)"));
+        return BRAID_ERR_UNSUPPORTED;
+    }
     let logged_body = || {
         log::install();
         body()

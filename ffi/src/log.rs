@@ -2,17 +2,23 @@
 //! subscriber is installed; a Rust program installs its own, but a C program cannot,
 //! so the library installs one on its first call: `BRAID_DEBUG`'s filter (the
 //! `braid` command's variable; `warn` when unset or unparsable), lines on stderr.
-//! `braid_set_log_level` changes the filter later.
+//! `braid_set_log_level` changes the filter later, and `braid_set_log_callback`
+//! sends the lines that pass it to the program instead of stderr (`callback.rs`).
 
 use std::ffi::{c_char, CStr};
 use std::sync::OnceLock;
 
+use tracing_subscriber::filter::dynamic_filter_fn;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{reload, EnvFilter, Registry};
+use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
 
 use crate::braid_result::{self, BRAID_SUCCESS};
 use crate::{entry, Fail, Res};
+
+mod callback;
+pub(crate) use callback::inside_callback;
+pub use callback::*;
 
 /// What `braid_set_log_level` changes; `None` when another subscriber was already
 /// the process's (a Rust host linked the static library and installed its own).
@@ -29,8 +35,13 @@ pub(crate) fn install() -> Option<&'static reload::Handle<EnvFilter, Registry>> 
             let filter = EnvFilter::try_new(if wanted.trim().is_empty() { DEFAULT_FILTER } else { wanted.trim() })
                 .unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
             let (layer, handle) = reload::Layer::new(filter);
-            let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false);
-            Registry::default().with(layer).with(fmt).try_init().ok().map(|()| handle)
+            // Stderr only while no callback is registered; the filter is asked per
+            // event (not cached per call site) because the callback comes and goes.
+            let fmt = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .with_filter(dynamic_filter_fn(|_, _| !callback::registered()));
+            Registry::default().with(layer).with(fmt).with(callback::Forward).try_init().ok().map(|()| handle)
         })
         .as_ref()
 }

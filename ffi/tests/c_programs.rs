@@ -221,3 +221,20 @@ fn braid_debug_and_braid_set_log_level_print_debug_lines_from_c() {
     let set = run_ranks_stderr(&prog, &["set"], 2, &[]);
     assert_eq!(set.matches(debug_line).count(), 2, "braid_set_log_level(\"braid=debug\") on each rank:\n{set}");
 }
+
+/// Issue 34: a C log callback gets braid's debug lines (here building a
+/// communicator: level BRAID_LOG_DEBUG, target `braid::topology`, the rank in the
+/// message; the program checks that) instead of stderr, a braid call from inside it
+/// is refused, and after `braid_set_log_callback(NULL, NULL)` it gets nothing more
+/// and the lines (the dup's) reach stderr again; those of building the
+/// communicator did not.
+#[test]
+fn a_log_callback_gets_debug_lines_from_c_until_it_is_unregistered() {
+    // Its own executable: the other logging test runs at the same time.
+    let prog = compile("gcc", "logging.c", "logging_callback", &shared("-std=c11"));
+    let stderr = run_ranks_stderr(&prog, &["callback"], 2, &[]);
+    // Each rank discovers its topology twice, building the communicator (to the
+    // callback) and dup'ing it (to stderr).
+    assert_eq!(stderr.matches("topology discovered").count(), 2, "the dup's lines only, on stderr:\n{stderr}");
+    assert_eq!(stderr.matches("braid::comm::split: dup").count(), 2, "each rank's dup line on stderr:\n{stderr}");
+}
