@@ -122,15 +122,31 @@ pub(super) struct Forward;
 
 impl<S: tracing::Subscriber> Layer<S> for Forward {
     fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
-        if !registered() || inside_callback() {
-            return;
-        }
-        // A panic here (a field's `Debug`, the callback's own) must not unwind into
-        // the braid code that logged, nor kill one of braid's threads.
+        // Lines logged while this thread formats or delivers one are dropped: the
+        // callback would be re-entered, and the read lock taken twice.
+        let Some(_inside) = (if registered() { Inside::enter() } else { None }) else { return };
+        // A panic here (a field's `Debug` impl) must not unwind into the braid code
+        // that logged, nor kill one of braid's threads.
         let delivered = catch_unwind(AssertUnwindSafe(|| deliver(event)));
         if delivered.is_err() {
-            eprintln!("braid: the log callback panicked; a log line was dropped");
+            eprintln!("braid: formatting a log line for the log callback panicked; the line was dropped");
         }
+    }
+}
+
+/// This thread is inside the log callback (or formatting a line for it) until dropped.
+struct Inside;
+
+impl Inside {
+    /// `None` when the thread already is, or is exiting (its flag is gone).
+    fn enter() -> Option<Inside> {
+        INSIDE.try_with(|inside| inside.replace(true)).ok().filter(|was| !was).map(|_| Inside)
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let _ = INSIDE.try_with(|inside| inside.set(false));
     }
 }
 
@@ -146,11 +162,9 @@ fn deliver(event: &tracing::Event<'_>) {
     // A braid call refused inside the callback leaves its message in this thread's
     // last error: the call that logged keeps its own.
     let saved = swap_last_error(CString::default());
-    INSIDE.with(|inside| inside.set(true));
     // SAFETY: a function pointer the program registered, with the arguments its
-    // type promises; the strings live until it returns.
+    // type promises; the strings live until it returns. It cannot unwind (C ABI).
     unsafe { (cb.call)(cb.user, level, target.as_ptr(), message.as_ptr()) };
-    INSIDE.with(|inside| inside.set(false));
     swap_last_error(saved);
 }
 
