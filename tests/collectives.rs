@@ -285,3 +285,57 @@ grid_tests! {
     shm_w7_large: Net::Shm, 7, true;
     shm_w8_large: Net::Shm, 8, true;
 }
+
+/// The grid on sub-communicators: a [`Communicator::dup`] of the world, then a
+/// [`Communicator::new_group`] of every other rank listed from the last one down
+/// (renumbered in list order), while the ranks outside it go straight to the
+/// parent's barrier. Each sub-communicator runs every collective with exact checks.
+fn sub_grid(net: Net, world: usize) {
+    let comms = comms(net, world, Duration::from_secs(60));
+    let (dup_arrivals, group_arrivals) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    on_ranks(comms, move |c| {
+        let r = c.rank();
+        let d = c.dup().unwrap();
+        assert_eq!((d.rank(), d.world_size()), (r, world));
+        run_grid::<i32>(&d, &counts(DType::I32, false), &dup_arrivals);
+        run_grid::<f32>(&d, &counts(DType::F32, true), &dup_arrivals);
+        let list: Vec<usize> = (0..world).rev().step_by(2).collect();
+        if let Some(pos) = list.iter().position(|&x| x == r) {
+            let g = c.new_group(&list).unwrap();
+            assert_eq!((g.rank(), g.world_size()), (pos, list.len()), "rank {r} in group {list:?}");
+            run_grid::<i64>(&g, &counts(DType::I64, false), &group_arrivals);
+            run_grid::<bf16>(&g, &counts(DType::BF16, true), &group_arrivals);
+            g.destroy().unwrap();
+        }
+        c.barrier().unwrap();
+        d.destroy().unwrap();
+    });
+}
+
+macro_rules! sub_grid_tests {
+    ($($name:ident: $net:expr, $world:expr;)*) => {$(
+        #[test]
+        fn $name() { sub_grid($net, $world); }
+    )*};
+}
+
+sub_grid_tests! {
+    groups_inproc_w1: Net::InProc, 1;
+    groups_inproc_w2: Net::InProc, 2;
+    groups_inproc_w3: Net::InProc, 3;
+    groups_inproc_w4: Net::InProc, 4;
+    groups_inproc_w7: Net::InProc, 7;
+    groups_inproc_w8: Net::InProc, 8;
+    groups_tcp_w1: Net::Tcp, 1;
+    groups_tcp_w2: Net::Tcp, 2;
+    groups_tcp_w3: Net::Tcp, 3;
+    groups_tcp_w4: Net::Tcp, 4;
+    groups_tcp_w7: Net::Tcp, 7;
+    groups_tcp_w8: Net::Tcp, 8;
+    groups_shm_w1: Net::Shm, 1;
+    groups_shm_w2: Net::Shm, 2;
+    groups_shm_w3: Net::Shm, 3;
+    groups_shm_w4: Net::Shm, 4;
+    groups_shm_w7: Net::Shm, 7;
+    groups_shm_w8: Net::Shm, 8;
+}
