@@ -138,6 +138,7 @@ pub mod fault {
 
 pub use auth::JobKey;
 pub use comm::{Communicator, CommunicatorBuilder, Work};
+pub use comm::{Scope, ScopedWork};
 pub use config::Config;
 pub use error::{Error, OpContext, Result};
 pub use transport::ifaces::AddrFamily;

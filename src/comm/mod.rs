@@ -22,6 +22,7 @@
 //! (split, dup, new_group); `binding.rs` binding a communicator to a device
 //! (single-copy peers).
 
+mod async_borrowed;
 mod binding;
 mod borrowed;
 mod builder;
@@ -37,6 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
+pub use async_borrowed::{Scope, ScopedWork};
 pub use builder::CommunicatorBuilder;
 
 use crate::algorithm::{Algorithm, Schedule};
