@@ -206,7 +206,7 @@ fn a_deliberate_abort_is_named_as_an_abort_not_a_failure() {
 }
 
 /// A rank whose thread panicked while it held its communicator is said to have
-/// panicked, not to have closed its communicator.
+/// panicked, with the panic's message, not to have closed its communicator.
 #[test]
 fn a_rank_that_panicked_is_named_as_panicked_not_closed() {
     for net in [Net::InProc, Net::Tcp] {
@@ -221,6 +221,9 @@ fn a_rank_that_panicked_is_named_as_panicked_not_closed() {
         assert!(panicked.is_err());
         let msg = survivor.barrier().unwrap_err().to_string();
         assert!(msg.contains("rank 1") && msg.contains("panicked"), "{net:?}: {msg}");
+        // The panic's own message travels with it (same process or not: it is the
+        // reason rank 1 sent).
+        assert!(msg.contains("rank 1 gives up (deliberate test panic) at tests/abort.rs:"), "{net:?}: {msg}");
         assert!(!msg.contains("closed its communicator"), "{net:?}: {msg}");
     }
 }

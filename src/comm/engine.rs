@@ -459,9 +459,10 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.notice_abort();
         // Dropped while its thread unwinds: the peers are told it panicked, not that
-        // it closed in order (the panic's message went to this process's stderr).
+        // it closed in order, and with what message (noted by braid's panic hook).
         if self.broken.is_none() && std::thread::panicking() {
-            let reason = format!("rank {}: its thread panicked while it held the communicator", self.rank);
+            let what = super::panic_note::take().map(|m| format!(": {m}")).unwrap_or_default();
+            let reason = format!("rank {}: its thread panicked while it held the communicator{what}", self.rank);
             // Telling the peers must not unwind again while unwinding.
             let _ = catch_unwind(AssertUnwindSafe(|| self.fail(reason)));
             return;

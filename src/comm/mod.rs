@@ -29,6 +29,7 @@ mod builder;
 mod calls;
 mod device_calls;
 mod engine;
+mod panic_note;
 mod split;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -249,6 +250,7 @@ impl Communicator {
     ) -> Communicator {
         let transports = channels.iter().map(|c| c.as_ref().map(|c| c.kind())).collect();
         let aborted = Arc::new(AtomicBool::new(false));
+        panic_note::install();
         let engine = Engine::new(rank, world, channels, comm_id, cfg, wait, aborted.clone());
         Communicator {
             core: Arc::new(Core { rank, world, shared: Shared::new(engine, aborted) }),
@@ -473,9 +475,10 @@ impl Communicator {
             // broken): the worker must live on to run the jobs queued behind it,
             // whose tickets later calls wait for.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&core, ticket)));
-            let _ = tx.send(r.unwrap_or_else(|_| {
+            let _ = tx.send(r.unwrap_or_else(|payload| {
                 let why = core.shared.lock_engine().broken.clone();
-                Err(Error::Broken(why.unwrap_or_else(|| format!("rank {}: an async call panicked", core.rank))))
+                let text = panic_note::payload_text(payload.as_ref());
+                Err(Error::Broken(why.unwrap_or_else(|| format!("rank {}: an async call panicked: {text}", core.rank))))
             }));
         });
         let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
