@@ -198,11 +198,15 @@ pub enum OpKind {
     Send = 7,
     /// Point-to-point receive (seen from the receiver).
     Recv = 8,
+    /// Gather every rank's block to a root.
+    Gather = 9,
+    /// Scatter a root's blocks, block `j` to rank `j`.
+    Scatter = 10,
 }
 
 impl OpKind {
     /// Every op kind, in wire-code order.
-    pub const ALL: [OpKind; 9] = [
+    pub const ALL: [OpKind; 11] = [
         OpKind::AllReduce,
         OpKind::Broadcast,
         OpKind::AllGather,
@@ -212,6 +216,8 @@ impl OpKind {
         OpKind::AllToAll,
         OpKind::Send,
         OpKind::Recv,
+        OpKind::Gather,
+        OpKind::Scatter,
     ];
 
     /// Hyphenated name as used by the CLI (`all-reduce`, ...).
@@ -226,6 +232,8 @@ impl OpKind {
             OpKind::AllToAll => "all-to-all",
             OpKind::Send => "send",
             OpKind::Recv => "recv",
+            OpKind::Gather => "gather",
+            OpKind::Scatter => "scatter",
         }
     }
 
@@ -241,7 +249,7 @@ impl OpKind {
 
     /// Whether the op has a root rank.
     pub const fn rooted(self) -> bool {
-        matches!(self, OpKind::Broadcast | OpKind::Reduce)
+        matches!(self, OpKind::Broadcast | OpKind::Reduce | OpKind::Gather | OpKind::Scatter)
     }
 }
 
@@ -260,7 +268,7 @@ impl FromStr for OpKind {
             .copied()
             .find(|o| o.name().replace('-', "") == norm)
             .ok_or_else(|| {
-                format!("unknown op `{s}` (expected all-reduce, all-gather, reduce-scatter, broadcast, reduce, all-to-all or barrier)")
+                format!("unknown op `{s}` (expected all-reduce, all-gather, reduce-scatter, broadcast, reduce, gather, scatter, all-to-all or barrier)")
             })
     }
 }
@@ -274,7 +282,8 @@ pub struct CallSig {
     /// Element type.
     pub dtype: DType,
     /// Element count per rank as defined by the op (all-reduce: buffer length;
-    /// all-gather: input length; reduce-scatter: output length; all-to-all: per-peer block).
+    /// all-gather: input length; reduce-scatter: output length; all-to-all: per-peer block;
+    /// gather, scatter: one rank's block).
     pub count: u64,
     /// Root rank for rooted ops, peer rank for send/recv, otherwise 0.
     pub root: u32,

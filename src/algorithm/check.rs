@@ -362,6 +362,9 @@ impl Checker<'_> {
             OpKind::AllReduce | OpKind::Broadcast | OpKind::Reduce => Some((0, 1, 0)),
             OpKind::AllGather => Some((0, 1, rank * self.count)),
             OpKind::ReduceScatter => Some((1, 0, rank * self.count)),
+            // MPI_IN_PLACE: only the root's buffers alias.
+            OpKind::Gather if rank == self.root => Some((0, 1, rank * self.count)),
+            OpKind::Scatter if rank == self.root => Some((1, 0, rank * self.count)),
             _ => None,
         }
     }
@@ -769,7 +772,7 @@ impl Checker<'_> {
                 }
                 continue;
             }
-            if self.op == OpKind::Reduce && r != self.root {
+            if matches!(self.op, OpKind::Reduce | OpKind::Gather) && r != self.root {
                 continue;
             }
             // The Output is `blocks` blocks of `c` elements (one per source rank for
@@ -778,7 +781,8 @@ impl Checker<'_> {
                 OpKind::AllReduce | OpKind::Reduce => (1, &|_, i| Val::new(i, all.clone())),
                 OpKind::ReduceScatter => (1, &|_, i| Val::new(r * c + i, all.clone())),
                 OpKind::Broadcast => (1, &|_, i| Val::new(i, S::single(n, self.root))),
-                OpKind::AllGather => (n, &|j, i| Val::new(i, S::single(n, j))),
+                OpKind::AllGather | OpKind::Gather => (n, &|j, i| Val::new(i, S::single(n, j))),
+                OpKind::Scatter => (1, &|_, i| Val::new(r * c + i, S::single(n, self.root))),
                 OpKind::AllToAll => (n, &|j, i| Val::new(r * c + i, S::single(n, j))),
                 _ => unreachable!("point-to-point ops are not planned"),
             };

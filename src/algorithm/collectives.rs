@@ -3,7 +3,7 @@
 //! chunking and a schedule builder that keeps the invariants the executor and the
 //! checker rely on).
 
-use super::{bruck, chain, dbtree, direct, halving_doubling, hierarchical, ordered, pairwise, ring, tree};
+use super::{bruck, chain, dbtree, direct, gather, halving_doubling, hierarchical, ordered, pairwise, ring, tree};
 use super::{Algorithm, PlanParams, PlanRequest, Region, Round, Schedule, Step};
 use crate::types::OpKind;
 
@@ -16,6 +16,10 @@ use crate::types::OpKind;
 ///   `world <= direct_max_world`, else `Ring`;
 /// - broadcast, reduce: `Tree` up to `tree_max_bytes` (`count * elem_size`), else
 ///   `Chain`;
+/// - gather, scatter: `Direct` while the world is at most `direct_max_world` or the
+///   root's whole buffer (`count * elem_size * world`) exceeds `tree_max_bytes`
+///   (the tree forwards blocks through intermediate ranks, so it saves latency
+///   only), else `Tree`;
 /// - barrier: `Dissemination`; all-to-all: `Pairwise`.
 ///
 /// Errors for point-to-point ops, which have no schedule.
@@ -35,6 +39,13 @@ pub fn default_algorithm(req: &PlanRequest<'_>, params: &PlanParams) -> Result<A
                 Algorithm::Tree
             } else {
                 Algorithm::Chain
+            }
+        }
+        OpKind::Gather | OpKind::Scatter => {
+            if req.world <= params.direct_max_world || bytes.saturating_mul(req.world) > params.tree_max_bytes {
+                Algorithm::Direct
+            } else {
+                Algorithm::Tree
             }
         }
         OpKind::Barrier => Algorithm::Dissemination,
@@ -115,6 +126,10 @@ pub(crate) fn plan(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Schedul
         (OpKind::Reduce, Algorithm::Hierarchical) => Ok(hierarchical::reduce(req, params)),
         (OpKind::Barrier, Algorithm::Dissemination) => Ok(pairwise::barrier(req)),
         (OpKind::AllToAll, Algorithm::Pairwise) => Ok(pairwise::all_to_all(req)),
+        (OpKind::Gather, Algorithm::Direct) => Ok(gather::gather_direct(req)),
+        (OpKind::Scatter, Algorithm::Direct) => Ok(gather::scatter_direct(req)),
+        (OpKind::Gather, Algorithm::Tree) => Ok(gather::gather_tree(req)),
+        (OpKind::Scatter, Algorithm::Tree) => Ok(gather::scatter_tree(req)),
         _ => unsupported(),
     }
 }

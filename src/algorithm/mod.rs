@@ -17,6 +17,7 @@ pub mod check;
 mod collectives;
 mod dbtree;
 mod direct;
+mod gather;
 mod halving_doubling;
 mod hierarchical;
 mod ordered;
@@ -249,7 +250,7 @@ pub struct PlanRequest<'a> {
     pub count: usize,
     /// Bytes per element; every region boundary is a multiple of it.
     pub elem_size: usize,
-    /// Root for broadcast and reduce.
+    /// Root of rooted ops (broadcast, reduce, gather, scatter).
     pub root: usize,
     /// Algorithm; None picks a default by op and size.
     pub algorithm: Option<Algorithm>,
@@ -290,7 +291,9 @@ impl PlanRequest<'_> {
         let c = self.count * self.elem_size;
         match self.op {
             OpKind::ReduceScatter | OpKind::AllToAll => c * self.world,
-            OpKind::Barrier => 0,
+            // Only the root's blocks are scattered: other ranks have no input.
+            OpKind::Scatter if self.rank == self.root => c * self.world,
+            OpKind::Barrier | OpKind::Scatter => 0,
             _ => c,
         }
     }
@@ -299,7 +302,9 @@ impl PlanRequest<'_> {
         let c = self.count * self.elem_size;
         match self.op {
             OpKind::AllGather | OpKind::AllToAll => c * self.world,
-            OpKind::Barrier => 0,
+            // Only the root gathers: other ranks have no output.
+            OpKind::Gather if self.rank == self.root => c * self.world,
+            OpKind::Barrier | OpKind::Gather => 0,
             _ => c,
         }
     }
@@ -367,6 +372,7 @@ pub fn algorithms_for(op: OpKind) -> &'static [Algorithm] {
         OpKind::Broadcast | OpKind::Reduce => &[Algorithm::Chain, Algorithm::Tree, Algorithm::Hierarchical],
         OpKind::Barrier => &[Algorithm::Dissemination],
         OpKind::AllToAll => &[Algorithm::Pairwise],
+        OpKind::Gather | OpKind::Scatter => &[Algorithm::Direct, Algorithm::Tree],
         OpKind::Send | OpKind::Recv => &[],
     }
 }

@@ -71,6 +71,16 @@ fn reduce_all_algorithms_all_worlds() {
 }
 
 #[test]
+fn gather_all_algorithms_all_worlds() {
+    sweep_op(OpKind::Gather);
+}
+
+#[test]
+fn scatter_all_algorithms_all_worlds() {
+    sweep_op(OpKind::Scatter);
+}
+
+#[test]
 fn barrier_all_worlds() {
     for n in 1..=64 {
         check(OpKind::Barrier, n, 0, 1, 0, None, &PlanParams::default()).unwrap();
@@ -89,7 +99,15 @@ fn all_to_all_all_worlds() {
 #[test]
 fn worlds_beyond_one_bitset_word() {
     let p = small_segments(8);
-    for op in [OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter, OpKind::Broadcast, OpKind::Reduce] {
+    for op in [
+        OpKind::AllReduce,
+        OpKind::AllGather,
+        OpKind::ReduceScatter,
+        OpKind::Broadcast,
+        OpKind::Reduce,
+        OpKind::Gather,
+        OpKind::Scatter,
+    ] {
         for &alg in algorithms_for(op) {
             check(op, 65, 68, 2, 64, Some(alg), &p).unwrap();
             check(op, 130, 5, 2, 129, Some(alg), &p).unwrap();
@@ -107,6 +125,8 @@ fn default_choice_is_checked_and_follows_thresholds() {
         OpKind::Broadcast,
         OpKind::Reduce,
         OpKind::AllToAll,
+        OpKind::Gather,
+        OpKind::Scatter,
     ] {
         for n in [1, 2, 5, 8, 9] {
             for count in [0, 3, 1000] {
@@ -233,6 +253,8 @@ fn world_of_one_is_a_copy_or_nothing() {
         OpKind::Reduce,
         OpKind::AllToAll,
         OpKind::Barrier,
+        OpKind::Gather,
+        OpKind::Scatter,
     ] {
         for &alg in algorithms_for(op) {
             let req = PlanRequest {
