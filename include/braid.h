@@ -604,6 +604,66 @@ enum braid_result braid_set_log_level(const char *filter);
 enum braid_result braid_set_log_callback(braid_log_fn callback, void *user);
 
 /**
+ * Gather: `root`'s `recv` (`world_size * count` elements) receives every rank's
+ * `send` (`count` elements) in rank order. `recv` is written only on `root` (NULL
+ * elsewhere is fine). In place at the root: `send == recv`, or `send == recv +
+ * root * count` elements, with the root's block already at block `root`.
+ *
+ * # Safety
+ * As `braid_all_reduce`, with the root's `recv` valid for `world_size * count` elements.
+ */
+enum braid_result braid_gather(const void *send,
+                               void *recv,
+                               size_t count,
+                               braid_dtype dtype,
+                               int root,
+                               struct braid_comm *comm);
+
+/**
+ * Scatter: block `j` of `root`'s `send` (`world_size * count` elements) goes to
+ * rank `j`'s `recv` (`count` elements). `send` is read only on `root` (NULL
+ * elsewhere is fine). In place at the root: `send == recv`, or `recv == send +
+ * root * count` elements; the root's block stays at block `root`.
+ *
+ * # Safety
+ * As `braid_all_reduce`, with the root's `send` valid for `world_size * count` elements.
+ */
+enum braid_result braid_scatter(const void *send,
+                                void *recv,
+                                size_t count,
+                                braid_dtype dtype,
+                                int root,
+                                struct braid_comm *comm);
+
+/**
+ * `braid_gather`, asynchronously.
+ *
+ * # Safety
+ * As `braid_all_reduce_async`, with the root's `recv` valid for `world_size * count` elements.
+ */
+enum braid_result braid_gather_async(const void *send,
+                                     void *recv,
+                                     size_t count,
+                                     braid_dtype dtype,
+                                     int root,
+                                     struct braid_comm *comm,
+                                     struct braid_work **work);
+
+/**
+ * `braid_scatter`, asynchronously.
+ *
+ * # Safety
+ * As `braid_all_reduce_async`, with the root's `send` valid for `world_size * count` elements.
+ */
+enum braid_result braid_scatter_async(const void *send,
+                                      void *recv,
+                                      size_t count,
+                                      braid_dtype dtype,
+                                      int root,
+                                      struct braid_comm *comm,
+                                      struct braid_work **work);
+
+/**
  * Block until the work has completed; its result (`BRAID_SUCCESS`, or the error
  * the call failed with — every later wait or test reports the same). The
  * buffers of the call are the caller's again once this returns.

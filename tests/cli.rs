@@ -186,7 +186,8 @@ fn perf_table(text: &str) -> Vec<Vec<&str>> {
 /// by side, both checked; `root` agrees between the header and the rows.
 #[test]
 fn perf_checks_every_collective_in_place_and_out_of_place() {
-    for op in ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier"] {
+    let ops = ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier", "gather"];
+    for op in ops.into_iter().chain(["scatter"]) {
         let mut cmd = Command::new(BRAID);
         cmd.args(["perf", "--op", op, "--ranks", "3", "--transport", "tcp", "--min-bytes", "1K"])
             .args(["--max-bytes", "300K", "--factor", "17", "--iters", "3", "--warmup", "1", "--check"])
@@ -197,7 +198,7 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
         assert!(text.contains("# Out of bounds values : 0 OK"), "{op}: {text}");
         let rows = perf_table(&text);
         assert!(!rows.is_empty(), "{op}: no rows\n{text}");
-        let rooted = matches!(op, "broadcast" | "reduce");
+        let rooted = matches!(op, "broadcast" | "reduce" | "gather" | "scatter");
         assert_eq!(text.contains(" root=2 "), rooted, "{op}: the header names a root only where rows do: {text}");
         for row in &rows {
             assert_eq!(row[4], if rooted { "2" } else { "-1" }, "{op}: {row:?}");
@@ -483,7 +484,9 @@ fn perf_algo_all_reports_every_algorithm_once_per_size_checked() {
 #[test]
 fn perf_checks_every_collective_over_shared_memory_for_world_sizes_1_to_8() {
     for ranks in 1..=8 {
-        for op in ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier"] {
+        let ops =
+            ["all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "barrier", "gather"];
+        for op in ops.into_iter().chain(["scatter"]) {
             let oop = ranks % 3 == 0;
             let mut cmd = Command::new(BRAID);
             cmd.args(["perf", "--op", op, "--ranks", &ranks.to_string(), "--transport", "shm"])

@@ -22,20 +22,22 @@ use crate::{dtype_of, entry, op_of, put, rank_of, DTypeArg, OpArg, Res};
 
 /// One call: as C passed it (`Call<DTypeArg, OpArg, c_int>`), then checked
 /// (`Call<DType, ReduceOp, usize>`). Buffers are `(send, recv)` or one `buf`.
-enum Call<D, O, R> {
+pub(crate) enum Call<D, O, R> {
     AllReduce(*const c_void, *mut c_void, usize, D, O),
     Broadcast(*const c_void, *mut c_void, usize, D, R),
     AllGather(*const c_void, *mut c_void, usize, D),
     ReduceScatter(*const c_void, *mut c_void, usize, D, O),
     Reduce(*const c_void, *mut c_void, usize, D, O, R),
     AllToAll(*const c_void, *mut c_void, usize, D),
+    Gather(*const c_void, *mut c_void, usize, D, R),
+    Scatter(*const c_void, *mut c_void, usize, D, R),
     Barrier,
     Send(*const c_void, usize, D, R),
     Recv(*mut c_void, usize, D, R),
 }
 
 /// A call as C passed it.
-type CCall = Call<DTypeArg, OpArg, c_int>;
+pub(crate) type CCall = Call<DTypeArg, OpArg, c_int>;
 
 impl CCall {
     /// Check the dtype, the operator and the root or peer against `c`.
@@ -49,6 +51,8 @@ impl CCall {
             Call::ReduceScatter(s, r, n, d, op) => Call::ReduceScatter(s, r, n, dtype_of(d)?, op_of(op)?),
             Call::Reduce(s, r, n, d, op, rt) => Call::Reduce(s, r, n, dtype_of(d)?, op_of(op)?, root(rt)?),
             Call::AllToAll(s, r, n, d) => Call::AllToAll(s, r, n, dtype_of(d)?),
+            Call::Gather(s, r, n, d, rt) => Call::Gather(s, r, n, dtype_of(d)?, root(rt)?),
+            Call::Scatter(s, r, n, d, rt) => Call::Scatter(s, r, n, dtype_of(d)?, root(rt)?),
             Call::Barrier => Call::Barrier,
             Call::Send(b, n, d, p) => Call::Send(b, n, dtype_of(d)?, peer(p)?),
             Call::Recv(b, n, d, p) => Call::Recv(b, n, dtype_of(d)?, peer(p)?),
@@ -71,6 +75,8 @@ impl Call<DType, ReduceOp, usize> {
                 Call::ReduceScatter(s, r, n, d, op) => c.reduce_scatter_raw(s.cast(), r.cast(), n, d, op),
                 Call::Reduce(s, r, n, d, op, root) => c.reduce_raw(s.cast(), r.cast(), n, d, op, root),
                 Call::AllToAll(s, r, n, d) => c.all_to_all_raw(s.cast(), r.cast(), n, d),
+                Call::Gather(s, r, n, d, root) => c.gather_raw(s.cast(), r.cast(), n, d, root),
+                Call::Scatter(s, r, n, d, root) => c.scatter_raw(s.cast(), r.cast(), n, d, root),
                 Call::Barrier => c.barrier(),
                 Call::Send(b, n, d, peer) => c.send_raw(b.cast(), n, d, peer),
                 Call::Recv(b, n, d, peer) => c.recv_raw(b.cast(), n, d, peer),
@@ -92,6 +98,8 @@ impl Call<DType, ReduceOp, usize> {
                 Call::ReduceScatter(s, r, n, d, op) => c.reduce_scatter_async_raw(s.cast(), r.cast(), n, d, op),
                 Call::Reduce(s, r, n, d, op, root) => c.reduce_async_raw(s.cast(), r.cast(), n, d, op, root),
                 Call::AllToAll(s, r, n, d) => c.all_to_all_async_raw(s.cast(), r.cast(), n, d),
+                Call::Gather(s, r, n, d, root) => c.gather_async_raw(s.cast(), r.cast(), n, d, root),
+                Call::Scatter(s, r, n, d, root) => c.scatter_async_raw(s.cast(), r.cast(), n, d, root),
                 Call::Barrier => Ok(c.barrier_async()),
                 Call::Send(b, n, d, peer) => c.send_async_raw(b.cast(), n, d, peer),
                 Call::Recv(b, n, d, peer) => c.recv_async_raw(b.cast(), n, d, peer),
@@ -106,7 +114,12 @@ impl Call<DType, ReduceOp, usize> {
 /// # Safety
 /// `comm` is NULL or a live handle; `work`, when Some, is NULL or valid for writing
 /// a pointer; the call's buffers are valid as the header documents.
-unsafe fn issue(name: &str, comm: *mut braid_comm, work: Option<*mut *mut braid_work>, call: CCall) -> braid_result {
+pub(crate) unsafe fn issue(
+    name: &str,
+    comm: *mut braid_comm,
+    work: Option<*mut *mut braid_work>,
+    call: CCall,
+) -> braid_result {
     entry(name, || {
         if let Some(out) = work {
             // SAFETY: the caller's promise on `work`.

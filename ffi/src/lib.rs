@@ -20,6 +20,7 @@ use braid::{Communicator, DType, Error, ReduceOp};
 mod collectives;
 mod comm;
 mod log;
+mod rooted;
 mod work;
 
 pub use collectives::*;

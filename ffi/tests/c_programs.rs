@@ -150,6 +150,12 @@ fn every_collective_blocking_and_async_on_every_dtype_and_op_from_c() {
 }
 
 #[test]
+fn gather_and_scatter_with_every_root_and_layout_from_c() {
+    let prog = compile("gcc", "rooted.c", "rooted", &shared("-std=c11"));
+    run_ranks(&prog, 4);
+}
+
+#[test]
 fn bad_calls_from_c_return_codes_and_messages_with_the_static_library() {
     let mut flags = strict("-std=c11");
     flags.push(tree().profile_dir.join("libbraid.a").display().to_string());

@@ -11,9 +11,13 @@
 //!   reduce-scatter `recv == send + rank * recv_count` (the result at block `rank`).
 //!   With `send == recv`, all-gather reads this rank's block from the start of the
 //!   buffer and reduce-scatter leaves the result there.
+//!   Gather and scatter take MPI_IN_PLACE's meaning at the root: with `send == recv`
+//!   (or NCCL's offsets above, with `root` for `rank`) the root's own block is at
+//!   block `root` of the buffer; off the root, `send == recv` is the rank's block.
 //! - Any other overlap of the two ranges is [`Error::InvalidArgument`]: the engine
 //!   reads one while it writes the other.
-//! - A buffer that a rank does not use may be null: broadcast's `send` off the root,
+//! - A buffer that a rank does not use may be null: broadcast's and scatter's `send`
+//!   off the root, gather's `recv` off the root,
 //!   reduce's `recv` off the root. A buffer of zero bytes may be null too; any other
 //!   null buffer is [`Error::InvalidArgument`].
 //! - Byte sizes (count x element size x world size) that do not fit a `usize` are
@@ -93,6 +97,9 @@ impl Raw {
             OpKind::AllGather => (block, all),
             OpKind::ReduceScatter => (all, block),
             OpKind::AllToAll => (all, all),
+            // Only the root holds every block; the other side of a non-root is unused.
+            OpKind::Gather => (block, if rank == root { all } else { 0 }),
+            OpKind::Scatter => (if rank == root { all } else { 0 }, block),
             OpKind::Barrier => (0, 0),
             _ => (block, block),
         };
@@ -112,6 +119,8 @@ impl Raw {
             }
         } else if (sig.op == OpKind::AllGather && Some(s) == r.checked_add(rank * block))
             || (sig.op == OpKind::ReduceScatter && Some(r) == s.checked_add(rank * block))
+            || (sig.op == OpKind::Gather && rank == root && Some(s) == r.checked_add(rank * block))
+            || (sig.op == OpKind::Scatter && rank == root && Some(r) == s.checked_add(rank * block))
         {
             Layout::InPlace
         } else {
@@ -213,13 +222,13 @@ impl<R> Work<R> {
 }
 
 impl Communicator {
-    fn raw(&self, op: OpKind, dtype: DType, count: usize, root: usize, rop: ReduceOp) -> CallSig {
+    pub(super) fn raw(&self, op: OpKind, dtype: DType, count: usize, root: usize, rop: ReduceOp) -> CallSig {
         CallSig::new(op, dtype, count as u64, u32::try_from(root).unwrap_or(u32::MAX), rop)
     }
 
     /// # Safety
     /// As the public `*_raw` calls.
-    unsafe fn run_raw(&self, sig: CallSig, send: *const u8, recv: *mut u8) -> Result<()> {
+    pub(super) unsafe fn run_raw(&self, sig: CallSig, send: *const u8, recv: *mut u8) -> Result<()> {
         let raw = Raw::new(&self.core, sig, send, recv)?;
         let ticket = self.core.shared.take_ticket();
         // SAFETY: the caller's promise, passed on.
@@ -228,7 +237,7 @@ impl Communicator {
 
     /// # Safety
     /// As the public `*_async_raw` calls.
-    unsafe fn spawn_raw(&self, sig: CallSig, send: *const u8, recv: *mut u8) -> Result<Work<()>> {
+    pub(super) unsafe fn spawn_raw(&self, sig: CallSig, send: *const u8, recv: *mut u8) -> Result<Work<()>> {
         let raw = Raw::new(&self.core, sig, send, recv)?;
         // SAFETY: the caller keeps the buffers valid and untouched until the Work completes.
         Ok(self.spawn(move |core, t| unsafe { raw.run(core, t) }))

@@ -73,9 +73,10 @@ impl Core {
         let (base, out_len) = output;
         match input {
             Some((in_ptr, in_len)) => {
-                // Non-roots of a broadcast have no input; non-roots of a reduce no output.
-                let has_input = sig.op != OpKind::Broadcast || is_root;
-                let has_output = sig.op != OpKind::Reduce || is_root;
+                // Non-roots of a broadcast or scatter have no input; non-roots of a
+                // reduce or gather no output.
+                let has_input = !matches!(sig.op, OpKind::Broadcast | OpKind::Scatter) || is_root;
+                let has_output = !matches!(sig.op, OpKind::Reduce | OpKind::Gather) || is_root;
                 if has_input && in_len != in_bytes {
                     return Err(self.arg(format!("{sig}: input has {in_len} bytes, expected {in_bytes}")));
                 }
@@ -101,6 +102,22 @@ impl Core {
                         output_len: need,
                     },
                     OpKind::ReduceScatter => Prepared {
+                        sig,
+                        input: base,
+                        input_len: need,
+                        output: base.wrapping_add(self.rank * block),
+                        output_len: block,
+                    },
+                    // MPI_IN_PLACE at the root: its own block already sits at block
+                    // `root` of the buffer (gather), or stays there (scatter).
+                    OpKind::Gather if is_root => Prepared {
+                        sig,
+                        input: base.wrapping_add(self.rank * block),
+                        input_len: block,
+                        output: base,
+                        output_len: need,
+                    },
+                    OpKind::Scatter if is_root => Prepared {
                         sig,
                         input: base,
                         input_len: need,

@@ -30,6 +30,7 @@ mod calls;
 mod device_calls;
 mod engine;
 mod panic_note;
+mod rooted_raw;
 mod split;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -441,6 +442,28 @@ impl Communicator {
     /// Reduce in place: the root's `buf` receives the result; other ranks' stay unchanged.
     pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
         self.typed(OpKind::Reduce, buf.len(), root, op, None, buf)
+    }
+    /// Gather every rank's `input` into `output` (`world_size * input.len()`
+    /// elements, in rank order) at `root`; other ranks may pass an empty output.
+    pub fn gather<T: Element>(&self, input: &[T], output: &mut [T], root: usize) -> Result<()> {
+        self.typed(OpKind::Gather, input.len(), root, ReduceOp::Sum, Some(input), output)
+    }
+    /// Gather in place: at `root`, `buf` holds `world_size` blocks with the root's
+    /// own already at block `root`; elsewhere `buf` is the rank's block.
+    pub fn gather_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let c = if root == self.rank() { self.core.block(buf.len())? } else { buf.len() };
+        self.typed(OpKind::Gather, c, root, ReduceOp::Sum, None, buf)
+    }
+    /// Scatter `root`'s `input` (`world_size * output.len()` elements): rank `j`'s
+    /// `output` receives block `j`. Other ranks may pass an empty input.
+    pub fn scatter<T: Element>(&self, input: &[T], output: &mut [T], root: usize) -> Result<()> {
+        self.typed(OpKind::Scatter, output.len(), root, ReduceOp::Sum, Some(input), output)
+    }
+    /// Scatter in place: at `root`, `buf` holds `world_size` blocks and keeps its
+    /// own at block `root`; elsewhere `buf` receives the rank's block.
+    pub fn scatter_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let c = if root == self.rank() { self.core.block(buf.len())? } else { buf.len() };
+        self.typed(OpKind::Scatter, c, root, ReduceOp::Sum, None, buf)
     }
     /// Send block `j` of `input` to rank `j`; receive rank `j`'s block `rank` into block `j` of `output`.
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {

@@ -340,7 +340,9 @@ fn case(
     let (n, dt, esz) = (comm.world_size(), a.dtype, a.dtype.size());
     let out_of_place = place == Place::OutOfPlace;
     let count = match a.op {
-        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => size / (n * esz),
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll | OpKind::Gather | OpKind::Scatter => {
+            size / (n * esz)
+        }
         OpKind::Barrier => 0,
         _ => size / esz,
     };
@@ -352,6 +354,16 @@ fn case(
         OpKind::ReduceScatter => (n * count * esz, count * esz, n * count * esz),
         OpKind::AllToAll => (n * count * esz, n * count * esz, n * count * esz),
         OpKind::Barrier => (0, 0, 0),
+        // Rooted: only the root holds all blocks; in place, one buffer per rank.
+        OpKind::Gather | OpKind::Scatter => {
+            let (block, all) = (count * esz, n * count * esz);
+            let root_buf = |on_root: usize, off_root: usize| if comm.rank() == a.root { on_root } else { off_root };
+            match (a.op, out_of_place) {
+                (OpKind::Gather, true) => (block, root_buf(all, 0), all),
+                (OpKind::Scatter, true) => (root_buf(all, 0), block, all),
+                _ => (0, root_buf(all, block), all),
+            }
+        }
         _ => (count * esz, count * esz, count * esz),
     };
     let dev = device.map(|d| DeviceBufs::new(d, in_len, out_len)).transpose()?;
@@ -416,7 +428,9 @@ fn busbw_factor(op: OpKind, n: usize) -> f64 {
     let n = n as f64;
     match op {
         OpKind::AllReduce => 2.0 * (n - 1.0) / n,
-        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (n - 1.0) / n,
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll | OpKind::Gather | OpKind::Scatter => {
+            (n - 1.0) / n
+        }
         _ => 1.0,
     }
 }

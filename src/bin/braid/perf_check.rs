@@ -100,6 +100,15 @@ pub(crate) fn fill_inputs(comm: &Communicator, a: &PerfArgs, c: &Case, target: &
             fill(dt, target, |_| 0);
             fill(dt, &mut target[r * count * esz..(r + 1) * count * esz], |i| value(rop, r, i));
         }
+        // The root's blocks, block `j` meant for rank `j`; in place, its own at block `root`.
+        OpKind::Scatter if r == a.root => fill(dt, target, |k| value(rop, k / count.max(1), k % count.max(1))),
+        // In place off the root, the buffer is only written: start it wrong.
+        OpKind::Scatter if !c.out_of_place => fill(dt, target, |_| 0),
+        OpKind::Gather if r == a.root && !c.out_of_place => {
+            let esz = dt.size();
+            fill(dt, target, |_| 0);
+            fill(dt, &mut target[r * count * esz..(r + 1) * count * esz], |i| value(rop, r, i));
+        }
         _ => fill(dt, target, |i| value(rop, r, i)),
     }
 }
@@ -133,6 +142,18 @@ fn check_host(comm: &Communicator, a: &PerfArgs, c: &Case) -> u64 {
         OpKind::Broadcast => count_wrong(dt, &c.output, |i, b| encode(dt, value(rop, a.root, i), b)),
         OpKind::AllGather => {
             count_wrong(dt, &c.output, |k, b| encode(dt, value(rop, k / count.max(1), k % count.max(1)), b))
+        }
+        OpKind::Gather if r == a.root => {
+            count_wrong(dt, &c.output, |k, b| encode(dt, value(rop, k / count.max(1), k % count.max(1)), b))
+        }
+        OpKind::Gather => 0,
+        OpKind::Scatter => {
+            let out = if c.out_of_place || r != a.root {
+                &c.output[..]
+            } else {
+                &c.output[r * count * esz..(r + 1) * count * esz]
+            };
+            count_wrong(dt, out, |i, b| encode(dt, value(rop, r, i), b))
         }
         OpKind::AllToAll => count_wrong(dt, &c.output, |k, b| {
             let (j, i) = (k / count.max(1), k % count.max(1));
