@@ -180,7 +180,9 @@ pub fn bus_factor(op: OpKind, n: usize) -> f64 {
     let n = n.max(1) as f64;
     match op {
         OpKind::AllReduce => 2.0 * (n - 1.0) / n,
-        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (n - 1.0) / n,
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll | OpKind::Gather | OpKind::Scatter => {
+            (n - 1.0) / n
+        }
         _ => 1.0,
     }
 }

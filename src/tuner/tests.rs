@@ -180,6 +180,26 @@ fn ring_wins_large_all_reduce_and_many_ranks_do_not_pick_direct() {
     assert_ne!(a, Algorithm::Direct);
 }
 
+/// Gather and scatter are priced like the others: direct moves every block once,
+/// the tree forwards blocks through inner ranks but the root handles `log2 n`
+/// messages instead of `n - 1`, which pays only where latency dominates.
+#[test]
+fn gather_and_scatter_are_priced_and_large_ones_go_direct() {
+    let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
+    for op in [OpKind::Gather, OpKind::Scatter] {
+        let call = Call { op, count: 1000, elem_size: 4, root: 3, hosts: &[0; 16], busy: &[] };
+        let ranked = rank_candidates(&call, algorithms_for(op), links, &CostModel::default(), &PlanParams::default());
+        let ranked = ranked.unwrap();
+        assert_eq!(ranked.len(), 2, "{op}: {ranked:?}");
+        assert!(ranked.iter().all(|c| c.terms.seconds() > 0.0), "{op}: {ranked:?}");
+        for n in [4, 16] {
+            assert_eq!(pick(op, 64 << 20, &vec![0; n], LinkClass::SharedMemory), Algorithm::Direct, "{op} {n} ranks");
+        }
+        // 63 messages into (or out of) one root against 6 rounds of one message.
+        assert_eq!(pick(op, 4, &[0; 64], LinkClass::Tcp), Algorithm::Tree, "{op}: 64 ranks, 4 bytes");
+    }
+}
+
 #[test]
 fn the_only_allowed_algorithm_is_taken_without_pricing() {
     let tuner = Tuner::new(policy("allreduce:direct"), LinkPair { local: LinkClass::Tcp, remote: LinkClass::Tcp });
