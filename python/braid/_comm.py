@@ -1,0 +1,401 @@
+"""Communicator: a group of ranks running collectives (`braid_comm`).
+
+Buffers follow the C ABI's `send`/`recv` convention (include/braid.h): counts are
+taken from the buffers, which must share one dtype; `recv=None` (or `send=None`,
+where the C ABI's in-place form puts this rank's data inside `recv`) is the
+in-place form. Blocking calls return the object holding the result; with
+`async_op=True` they return a `Work` instead, which holds the buffers until done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+from ctypes import byref, c_int, c_void_p
+from typing import Any, Iterator, List, Optional, Sequence, Union
+
+from . import _lib
+from ._buffers import ITEMSIZE, Pinned, pin
+from ._errors import InvalidArgumentError
+from ._work import Work
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operators (`braid_reduce_op`). Integers wrap on overflow; AVG on
+    integers truncates."""
+
+    SUM = 0
+    PROD = 1
+    MIN = 2
+    MAX = 3
+    AVG = 4
+
+
+OpLike = Union[ReduceOp, str, int]
+Result = Any  # the buffer object written (or a Work when async_op=True)
+
+
+def _op(op: OpLike) -> int:
+    if isinstance(op, str):
+        try:
+            return int(ReduceOp[op.upper()])
+        except KeyError:
+            raise InvalidArgumentError(f"unknown reduce op {op!r} (sum, prod, min, max, avg)") from None
+    return int(ReduceOp(op))
+
+
+class Communicator:
+    """A braid communicator. Every rank must issue the same calls in the same order.
+
+    `Communicator(rank, world_size, store)` meets the other ranks through the store
+    URL (`tcp://HOST:PORT`, `file:///DIR`, ...); `Communicator.from_env()` reads
+    `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_STORE` (or torchrun's, mpirun's, srun's
+    variables). Other settings (`BRAID_TIMEOUT`, ...) come from the environment.
+    Free it with `destroy()` (collective) or use it as a context manager.
+    """
+
+    def __init__(self, rank: int, world_size: int, store: str) -> None:
+        out = c_void_p()
+        _lib.call("braid_comm_init", int(rank), int(world_size), store.encode(), byref(out))
+        self._adopt(out)
+
+    @classmethod
+    def from_env(cls) -> "Communicator":
+        out = c_void_p()
+        _lib.call("braid_comm_init_from_env", byref(out))
+        return cls._wrap(out)
+
+    @classmethod
+    def _wrap(cls, handle: c_void_p) -> "Communicator":
+        self = cls.__new__(cls)
+        self._adopt(handle)
+        return self
+
+    def _adopt(self, handle: c_void_p) -> None:
+        self._handle: Optional[c_void_p] = handle
+        self._users = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        rank, size = c_int(), c_int()
+        _lib.call("braid_comm_rank", handle, byref(rank))
+        _lib.call("braid_comm_size", handle, byref(size))
+        self._rank, self._size = rank.value, size.value
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    size = world_size
+
+    @contextlib.contextmanager
+    def _using(self, call: str) -> Iterator[c_void_p]:
+        """The handle, kept alive (destroy waits) while a call uses it."""
+        with self._cond:
+            if self._handle is None or self._closing:
+                raise InvalidArgumentError(f"{call}: rank {self._rank}'s communicator was destroyed", call)
+            self._users += 1
+            handle = self._handle
+        try:
+            yield handle
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._cond.notify_all()
+
+    def _issue(self, call: str, args: Sequence[Any], pinned: Sequence[Pinned], result: Any, async_op: bool) -> Result:
+        with self._using(call) as handle:
+            if async_op:
+                work = c_void_p()
+                try:
+                    _lib.call(call + "_async", *args, handle, byref(work))
+                except BaseException:
+                    for p in pinned:
+                        p.release()
+                    raise
+                return Work(work, call, pinned, result)
+            try:
+                _lib.call(call, *args, handle)
+            finally:
+                for p in pinned:
+                    p.release()
+            return result
+
+    # -- argument helpers -------------------------------------------------------
+
+    def _pair(self, call: str, send: Pinned, recv: Pinned) -> None:
+        if send.dtype != recv.dtype:
+            raise TypeError(f"{call}: send is {send.dtype.name} but recv is {recv.dtype.name}; they must match")
+
+    def _blocks(self, call: str, p: Pinned, what: str) -> int:
+        if p.count % self._size:
+            raise InvalidArgumentError(
+                f"{call} on rank {self._rank}: {what} holds {p.count} elements, not a multiple of the world "
+                f"size {self._size} (one equal block per rank)",
+                call,
+            )
+        return p.count // self._size
+
+    def _expect(self, call: str, p: Pinned, what: str, count: int) -> None:
+        if p.count != count:
+            raise InvalidArgumentError(
+                f"{call} on rank {self._rank}: {what} holds {p.count} elements, expected {count} "
+                f"(world size {self._size})",
+                call,
+            )
+
+    def _root(self, call: str, root: int) -> int:
+        if not 0 <= root < self._size:
+            raise InvalidArgumentError(f"{call}: root {root} is not a rank of world size {self._size}", call)
+        return int(root)
+
+    @staticmethod
+    def _offset(p: Pinned, block: int, count: int) -> Optional[int]:
+        return None if p.address is None else p.address + block * count * ITEMSIZE[p.dtype]
+
+    # -- collectives -------------------------------------------------------------
+
+    def all_reduce(self, send: Any, recv: Any = None, *, op: OpLike = ReduceOp.SUM, async_op: bool = False) -> Result:
+        """Every rank's `recv` gets the reduction of every rank's `send` (in place
+        when `recv` is None)."""
+        call = "braid_all_reduce"
+        s = pin(send, "all_reduce send", writable=recv is None)
+        r = s if recv is None else pin(recv, "all_reduce recv", writable=True)
+        self._pair(call, s, r)
+        self._expect(call, r, "recv", s.count)
+        args = (s.address, r.address, s.count, int(s.dtype), _op(op))
+        return self._issue(call, args, [s, r], send if recv is None else recv, async_op)
+
+    def broadcast(self, send: Any, recv: Any = None, *, root: int = 0, async_op: bool = False) -> Result:
+        """Every rank's `recv` gets `root`'s `send`. In place when `recv` is None
+        (`send` is overwritten on the other ranks); with `recv` given, `send` is
+        read on `root` only and may be None elsewhere."""
+        call = "braid_broadcast"
+        root = self._root(call, root)
+        if recv is None:
+            if send is None:
+                raise InvalidArgumentError(f"{call}: send and recv are both None", call)
+            s = r = pin(send, "broadcast buffer", writable=True)
+        else:
+            r = pin(recv, "broadcast recv", writable=True)
+            s = pin(send, "broadcast send", writable=False) if send is not None else None
+            if s is not None:
+                self._pair(call, s, r)
+                self._expect(call, s, "send", r.count)
+            elif self._rank == root:
+                raise InvalidArgumentError(f"{call}: send is None on the root (rank {root})", call)
+        args = (s.address if s else None, r.address, r.count, int(r.dtype), root)
+        return self._issue(call, args, [p for p in (s, r) if p], send if recv is None else recv, async_op)
+
+    def reduce(
+        self, send: Any, recv: Any = None, *, op: OpLike = ReduceOp.SUM, root: int = 0, async_op: bool = False
+    ) -> Result:
+        """`root`'s `recv` gets the reduction of every rank's `send`. In place when
+        `recv` is None (only the root's `send` changes); `recv` matters on the root
+        only."""
+        call = "braid_reduce"
+        root = self._root(call, root)
+        in_place = recv is None
+        s = pin(send, "reduce send", writable=in_place and self._rank == root)
+        r = s if in_place else pin(recv, "reduce recv", writable=True)
+        self._pair(call, s, r)
+        self._expect(call, r, "recv", s.count)
+        args = (s.address, r.address, s.count, int(s.dtype), _op(op), root)
+        return self._issue(call, args, [s, r], send if in_place else recv, async_op)
+
+    def all_gather(self, send: Any, recv: Any, *, async_op: bool = False) -> Result:
+        """`recv` (world_size blocks) gets every rank's `send` in rank order. In
+        place with `send=None`: this rank's block is already at block `rank` of
+        `recv`."""
+        call = "braid_all_gather"
+        r = pin(recv, "all_gather recv", writable=True)
+        if send is None:
+            count = self._blocks(call, r, "recv")
+            s_addr, pinned = self._offset(r, self._rank, count), [r]
+        else:
+            s = pin(send, "all_gather send", writable=False)
+            self._pair(call, s, r)
+            count = s.count
+            self._expect(call, r, "recv", self._size * count)
+            s_addr, pinned = s.address, [s, r]
+        return self._issue(call, (s_addr, r.address, count, int(r.dtype)), pinned, recv, async_op)
+
+    def reduce_scatter(self, send: Any, recv: Any = None, *, op: OpLike = ReduceOp.SUM, async_op: bool = False) -> Result:
+        """Block `rank` of the reduction of every rank's `send` (world_size blocks)
+        lands in `recv`. In place when `recv` is None: the result is left at the
+        start of `send`."""
+        call = "braid_reduce_scatter"
+        s = pin(send, "reduce_scatter send", writable=recv is None)
+        count = self._blocks(call, s, "send")
+        r = s if recv is None else pin(recv, "reduce_scatter recv", writable=True)
+        self._pair(call, s, r)
+        if recv is not None:
+            self._expect(call, r, "recv", count)
+        args = (s.address, r.address, count, int(s.dtype), _op(op))
+        return self._issue(call, args, [s, r], send if recv is None else recv, async_op)
+
+    def all_to_all(self, send: Any, recv: Any = None, *, async_op: bool = False) -> Result:
+        """Block `j` of `send` goes to rank `j`; block `j` of `recv` comes from rank
+        `j`. In place when `recv` is None."""
+        call = "braid_all_to_all"
+        s = pin(send, "all_to_all send", writable=recv is None)
+        count = self._blocks(call, s, "send")
+        r = s if recv is None else pin(recv, "all_to_all recv", writable=True)
+        self._pair(call, s, r)
+        self._expect(call, r, "recv", s.count)
+        return self._issue(call, (s.address, r.address, count, int(s.dtype)), [s, r], recv if recv is not None else send, async_op)
+
+    def gather(self, send: Any, recv: Any = None, *, root: int = 0, async_op: bool = False) -> Result:
+        """`root`'s `recv` (world_size blocks) gets every rank's `send` in rank
+        order; `recv` is used on the root only. In place on the root with
+        `send=None`: its block is already at block `root` of `recv`."""
+        call = "braid_gather"
+        root = self._root(call, root)
+        at_root = self._rank == root
+        if at_root and recv is None:
+            raise InvalidArgumentError(f"{call}: recv is None on the root (rank {root})", call)
+        r = pin(recv, "gather recv", writable=True) if at_root else None
+        if send is None:
+            if r is None:
+                raise InvalidArgumentError(f"{call}: send is None on rank {self._rank}, not the root {root}", call)
+            count = self._blocks(call, r, "recv")
+            s_addr, pinned = self._offset(r, root, count), [r]
+        else:
+            s = pin(send, "gather send", writable=False)
+            count = s.count
+            s_addr, pinned = s.address, [s]
+            if r is not None:
+                self._pair(call, s, r)
+                self._expect(call, r, "recv", self._size * count)
+                pinned.append(r)
+        dtype = (r or pinned[0]).dtype
+        args = (s_addr, r.address if r else None, count, int(dtype), root)
+        return self._issue(call, args, pinned, recv if at_root else None, async_op)
+
+    def scatter(self, send: Any, recv: Any = None, *, root: int = 0, async_op: bool = False) -> Result:
+        """Block `j` of `root`'s `send` (world_size blocks) goes to rank `j`'s
+        `recv`; `send` is used on the root only. In place on the root with
+        `recv=None`: its block stays at block `root` of `send`."""
+        call = "braid_scatter"
+        root = self._root(call, root)
+        at_root = self._rank == root
+        if at_root and send is None:
+            raise InvalidArgumentError(f"{call}: send is None on the root (rank {root})", call)
+        if not at_root and recv is None:
+            raise InvalidArgumentError(f"{call}: recv is None on rank {self._rank}, not the root {root}", call)
+        # In place (recv None on the root), the root's block of send is its recv.
+        s = pin(send, "scatter send", writable=recv is None) if at_root else None
+        if recv is None:
+            assert s is not None
+            count = self._blocks(call, s, "send")
+            r_addr, pinned, out = self._offset(s, root, count), [s], send
+        else:
+            r = pin(recv, "scatter recv", writable=True)
+            count, r_addr, pinned, out = r.count, r.address, [r], recv
+            if s is not None:
+                self._pair(call, s, r)
+                self._expect(call, s, "send", self._size * count)
+                pinned.append(s)
+        dtype = pinned[0].dtype
+        args = (s.address if s else None, r_addr, count, int(dtype), root)
+        return self._issue(call, args, pinned, out, async_op)
+
+    def barrier(self, *, async_op: bool = False) -> Optional[Work]:
+        """Returns once every rank has called it."""
+        return self._issue("braid_barrier", (), [], None, async_op)
+
+    def send(self, buf: Any, peer: int, *, async_op: bool = False) -> Optional[Work]:
+        """Send `buf` to rank `peer` (matched by its `recv` of the same size and dtype)."""
+        call = "braid_send"
+        p = pin(buf, "send buffer", writable=False)
+        return self._issue(call, (p.address, p.count, int(p.dtype), self._peer(call, peer)), [p], None, async_op)
+
+    def recv(self, buf: Any, peer: int, *, async_op: bool = False) -> Result:
+        """Receive into `buf` from rank `peer`."""
+        call = "braid_recv"
+        p = pin(buf, "recv buffer", writable=True)
+        return self._issue(call, (p.address, p.count, int(p.dtype), self._peer(call, peer)), [p], buf, async_op)
+
+    def _peer(self, call: str, peer: int) -> int:
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise InvalidArgumentError(
+                f"{call}: peer {peer} is not another rank (rank {self._rank} of world size {self._size})", call
+            )
+        return int(peer)
+
+    # Newer C ABI calls (v-variants, grouped point-to-point with tags) go below,
+    # each checking `_lib.has(name)` and raising UnsupportedError when the loaded
+    # libbraid predates it; their prototypes go in _lib.OPTIONAL.
+
+    # -- communicators ---------------------------------------------------------
+
+    def split(self, color: int, key: int = 0) -> Optional["Communicator"]:
+        """Collective: ranks with the same `color >= 0` form a new communicator,
+        ranked by `key` (ties by rank). A negative color joins none: None."""
+        out = c_void_p()
+        with self._using("braid_comm_split") as handle:
+            _lib.call("braid_comm_split", handle, int(color), int(key), byref(out))
+        return Communicator._wrap(out) if out.value else None
+
+    def dup(self) -> "Communicator":
+        """Collective: a new communicator over the same ranks, independent of this one."""
+        out = c_void_p()
+        with self._using("braid_comm_dup") as handle:
+            _lib.call("braid_comm_dup", handle, byref(out))
+        return Communicator._wrap(out)
+
+    def new_group(self, ranks: Sequence[int]) -> "Communicator":
+        """Called by the listed ranks only: a communicator of them, rank `ranks[i]`
+        of this one being rank `i` of the new one (torch's `new_group`)."""
+        arr = (c_int * len(ranks))(*[int(r) for r in ranks])
+        out = c_void_p()
+        with self._using("braid_comm_new_group") as handle:
+            _lib.call("braid_comm_new_group", handle, arr, len(ranks), byref(out))
+        return Communicator._wrap(out)
+
+    def abort(self) -> None:
+        """Abort from any thread: calls in flight and later ones fail with
+        AbortedError, and peers' calls needing this rank fail. Destroy it after."""
+        with self._using("braid_comm_abort") as handle:
+            _lib.lib().braid_comm_abort(handle)
+
+    def destroy(self) -> None:
+        """Collective: wait for outstanding work, confirm with the peers and free
+        the communicator. Raises (naming the peer) when one exited or aborted;
+        the communicator is freed either way."""
+        with self._cond:
+            if self._handle is None or self._closing:
+                return
+            self._closing = True
+            while self._users:
+                self._cond.wait()
+            handle, self._handle = self._handle, None
+        _lib.call("braid_comm_destroy", handle)
+
+    @property
+    def destroyed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.destroy()
+        else:
+            # A call failed: the error at hand says more than destroy's would.
+            try:
+                self.destroy()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        state = " destroyed" if self.destroyed else ""
+        return f"<braid.Communicator rank {self._rank} of {self._size}{state}>"
+
+
+__all__: List[str] = ["Communicator", "ReduceOp"]
