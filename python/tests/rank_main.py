@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List
 
 import braid
@@ -429,10 +430,20 @@ def late_peer() -> None:
         time.sleep(3)
         comm.all_reduce(x)
     else:
-        work = comm.all_reduce(x, async_op=True)
+        # The Work alone keeps a temporary send buffer alive while the call runs,
+        # and lets it go once complete.
+        send = x.copy()
+        alive = weakref.ref(send)
+        work = comm.all_reduce(send, x, async_op=True)
+        del send
+        gc.collect()
+        assert alive() is not None, "the send buffer was freed while braid still reads it"
         assert work.is_completed() is False
         assert work.wait(timeout=0.2) is False
         assert work.wait(timeout=60) is True
+        del work
+        gc.collect()
+        assert alive() is None, "the Work kept the send buffer after completing"
     check("late all_reduce", x, [3] * 4)
     if comm.rank == 1:
         time.sleep(float(os.environ["SILENT_SECONDS"]))
