@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
-from ranks import RankResult, assert_all_ok, run_ranks
+try:
+    import braid
+
+    braid.library_version()
+except ImportError as e:
+    # Under CI=true the package must be there (.ci/run installs it).
+    if os.environ.get("CI") == "true":
+        raise RuntimeError(f"the braid package does not load in {sys.executable}: {e}") from e
+    pytest.skip(f"braid does not load: {e}", allow_module_level=True)
+
+from ranks import RankResult, assert_all_ok, run_ranks  # noqa: E402
 
 
 def _need(module: str) -> None:
@@ -19,7 +30,7 @@ def _need(module: str) -> None:
         __import__(module)
     except ImportError:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"{module} is not installed in this Python ({os.sys.executable}); .ci/run installs it")
+            pytest.fail(f"{module} is not installed in this Python ({sys.executable}); .ci/run installs it")
         pytest.skip(f"{module} is not installed")
 
 
