@@ -168,12 +168,12 @@ class Pinned:
                 )
             if writable and mv.readonly:
                 raise InvalidArgumentError(f"{what} is read-only, and braid writes the result into it")
-            dtype_obj = getattr(obj, "dtype", None)
+            dtype_obj: Any = getattr(obj, "dtype", None)
             name = getattr(dtype_obj, "name", None)
             if isinstance(name, str) and hasattr(obj, "__array_interface__"):
-                if getattr(dtype_obj, "byteorder", "=") not in "=|" and not (
-                    dtype_obj.byteorder == ("<" if sys.byteorder == "little" else ">")
-                ):
+                # NumPy names a big-endian int32 "int32" too: the byte order decides.
+                native = "<" if sys.byteorder == "little" else ">"
+                if getattr(dtype_obj, "byteorder", "=") not in ("=", "|", native):
                     raise TypeError(f"{what} has non-native byte order ({dtype_obj.str}): use .astype(its native type)")
                 self.dtype = dtype_from_name(name, what)
             else:
@@ -190,10 +190,11 @@ class Pinned:
         self._view = view
         self.address = view.buf if self.count else None
 
-    def release(self) -> None:
-        """Give the buffer back (idempotent)."""
+    def release(self, _release: Any = _release_buffer, _byref: Any = ctypes.byref) -> None:
+        """Give the buffer back (idempotent). The defaults bind the C functions, which
+        module teardown at interpreter exit could otherwise remove first."""
         if self._view is not None:
-            _release_buffer(ctypes.byref(self._view))
+            _release(_byref(self._view))
             self._view = None
         self.obj = None
 

@@ -179,7 +179,8 @@ class Communicator:
         if recv is None:
             if send is None:
                 raise InvalidArgumentError(f"{call}: send and recv are both None", call)
-            s = r = pin(send, "broadcast buffer", writable=True)
+            r = pin(send, "broadcast buffer", writable=True)
+            s: Optional[Pinned] = r
         else:
             r = pin(recv, "broadcast recv", writable=True)
             s = pin(send, "broadcast send", writable=False) if send is not None else None
@@ -306,13 +307,15 @@ class Communicator:
 
     def barrier(self, *, async_op: bool = False) -> Optional[Work]:
         """Returns once every rank has called it."""
-        return self._issue("braid_barrier", (), [], None, async_op)
+        work: Optional[Work] = self._issue("braid_barrier", (), [], None, async_op)
+        return work
 
     def send(self, buf: Any, peer: int, *, async_op: bool = False) -> Optional[Work]:
         """Send `buf` to rank `peer` (matched by its `recv` of the same size and dtype)."""
         call = "braid_send"
         p = pin(buf, "send buffer", writable=False)
-        return self._issue(call, (p.address, p.count, int(p.dtype), self._peer(call, peer)), [p], None, async_op)
+        work: Optional[Work] = self._issue(call, (p.address, p.count, int(p.dtype), self._peer(call, peer)), [p], None, async_op)
+        return work
 
     def recv(self, buf: Any, peer: int, *, async_op: bool = False) -> Result:
         """Receive into `buf` from rank `peer`."""

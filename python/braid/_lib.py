@@ -148,7 +148,7 @@ def has(name: str) -> bool:
 
 
 def version() -> str:
-    raw = lib().braid_version()
+    raw: Optional[bytes] = lib().braid_version()
     if not raw:
         raise InternalError("braid_version returned NULL", "braid_version")
     return raw.decode()

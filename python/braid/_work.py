@@ -32,6 +32,8 @@ class Work:
         self._done = False
         self._error: Optional[BraidError] = None
         self.result = result
+        # Bound now: at interpreter exit the module's globals may be gone before __del__.
+        self._free = _lib.lib().braid_work_free
 
     def _finish(self, error: Optional[BraidError]) -> None:
         self._done = True
@@ -98,7 +100,7 @@ class Work:
         handle, self._handle = getattr(self, "_handle", None), None
         if handle is not None:
             # Waits for the call if still running, so the buffers are released after.
-            _lib.lib().braid_work_free(handle)
+            self._free(handle)
         for p in getattr(self, "_pinned", []):
             p.release()
 

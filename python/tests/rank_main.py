@@ -317,6 +317,7 @@ def bad_local_input(kind: str) -> None:
         ro.setflags(write=False)
         expect(IA, lambda: comm.all_reduce(ro), "read-only")
         expect(IA, lambda: comm.all_reduce(a.make([1] * 4), bytes(32)), "read-only")
+        expect(TypeError, lambda: comm.all_reduce(a.np.zeros(4, dtype=">i4")), "non-native byte order")
     else:
         strided = a.torch.arange(10)[::2]
         matrix_t = a.torch.zeros(3, 4, dtype=a.torch.int64).t()
