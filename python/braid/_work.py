@@ -47,12 +47,18 @@ class Work:
         if self._done:
             return True
         lib = _lib.lib()
+        wait_call = "braid_work_wait" if timeout_ms is None else "braid_work_wait_timeout"
         try:
             if timeout_ms is None:
-                code = _lib.check(lib.braid_work_wait(self._handle), "braid_work_wait")
+                code = _lib.check(lib.braid_work_wait(self._handle), wait_call)
             else:
-                code = _lib.check(lib.braid_work_wait_timeout(self._handle, timeout_ms), "braid_work_wait_timeout")
+                code = _lib.check(lib.braid_work_wait_timeout(self._handle, timeout_ms), wait_call)
         except BraidError as e:
+            # Name the call that failed, not the wait that reported it.
+            if e.message.startswith(wait_call + ":"):
+                e.message = f"{self._call} (async){e.message[len(wait_call):]}"
+                e.args = (e.message,)
+            e.call = self._call
             self._finish(e)
             return True
         if code == _lib.IN_PROGRESS:

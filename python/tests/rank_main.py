@@ -389,7 +389,18 @@ def dead_peer(victim: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     try:
-        comm.all_reduce(np.ones(1 << 16, dtype=np.float32))
+        if comm.rank == 0:
+            # through a Work: wait raises the call's error, then again on every wait
+            work = comm.all_reduce(np.ones(1 << 16, dtype=np.float32), async_op=True)
+            try:
+                work.wait()
+            except braid.BraidError as e:
+                assert work.is_completed() and not work.is_success() and work.exception() is e
+                again = expect(braid.BraidError, work.wait)
+                assert again is e, (again, e)
+                raise
+        else:
+            comm.all_reduce(np.ones(1 << 16, dtype=np.float32))
         comm.barrier()
     except braid.BraidError as e:
         print(json.dumps({"type": type(e).__name__, "message": str(e), "seconds": time.monotonic() - start}))
