@@ -396,6 +396,7 @@ def dead_peer(victim: str) -> None:
                 work.wait()
             except braid.BraidError as e:
                 assert work.is_completed() and not work.is_success() and work.exception() is e
+                assert e.call == "braid_all_reduce" and str(e).startswith("braid_all_reduce (async): "), (e.call, e)
                 again = expect(braid.BraidError, work.wait)
                 assert again is e, (again, e)
                 raise
@@ -470,10 +471,22 @@ def late_peer() -> None:
 
 @scenario
 def threads() -> None:
-    """A blocking call releases the GIL: another Python thread runs meanwhile."""
-    import numpy as np
+    """A blocking call releases the GIL: another Python thread runs meanwhile.
+    The communicator comes from the explicit constructor (the BRAID_* variables
+    removed first) and closes as a context manager."""
+    rank, world = int(os.environ.pop("BRAID_RANK")), int(os.environ.pop("BRAID_WORLD_SIZE"))
+    store = os.environ.pop("BRAID_STORE")
+    braid.set_log_level("warn")
+    expect(braid.InvalidArgumentError, lambda: braid.set_log_level("=[nonsense"), "braid_set_log_level")
+    expect(braid.InvalidArgumentError, lambda: braid.Communicator(world, world, store), f"rank {world} of world size {world}")
+    with braid.Communicator(rank, world, store) as comm:
+        assert (comm.rank, comm.world_size) == (rank, world)
+        _ticks_while_waiting(comm)
+    assert comm.destroyed
+    print("ok")
 
-    comm = braid.Communicator.from_env()
+
+def _ticks_while_waiting(comm: braid.Communicator) -> None:
     ticks = []
     stop = threading.Event()
 
@@ -492,8 +505,6 @@ def threads() -> None:
     else:
         time.sleep(1)
         comm.barrier()
-    comm.destroy()
-    print("ok")
 
 
 if __name__ == "__main__":
