@@ -17,7 +17,7 @@ import ctypes
 import enum
 import sys
 from ctypes import POINTER, c_char_p, c_int, c_ssize_t, c_void_p, py_object
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from ._errors import InvalidArgumentError
 
@@ -125,6 +125,8 @@ class Pinned:
         self._view: Optional[_PyBuffer] = None
         if is_torch_tensor(obj):
             self._pin_tensor(obj, what)
+        elif type(obj).__module__ == "numpy" and type(obj).__name__ == "ndarray":
+            self._pin_numpy(obj, what, writable)
         elif _has_buffer(obj):
             self._pin_buffer(obj, what, writable)
         elif hasattr(obj, "__dlpack__"):
@@ -152,9 +154,27 @@ class Pinned:
                 f"{what} is a non-contiguous tensor (shape {tuple(t.shape)}, strides {tuple(t.stride())}): "
                 "pass .contiguous() and copy the result back"
             )
-        self.dtype = dtype_from_name(str(t.dtype).replace("torch.", ""), what)
+        dt = _torch_dtypes.get(t.dtype)
+        if dt is None:
+            dt = _torch_dtypes[t.dtype] = dtype_from_name(str(t.dtype).replace("torch.", ""), what)
+        self.dtype = dt
         self.count = int(t.numel())
         self.address = int(t.data_ptr()) if self.count else None
+
+    def _pin_numpy(self, a: Any, what: str, writable: bool) -> None:
+        # A NumPy array cannot be resized while this reference exists (numpy's
+        # refcheck), so holding it pins its memory; no buffer export needed.
+        flags = a.flags
+        if not flags.c_contiguous:
+            raise InvalidArgumentError(
+                f"{what} is not C-contiguous (shape {a.shape}, strides {a.strides}): pass a contiguous "
+                "copy (numpy.ascontiguousarray) and copy the result back"
+            )
+        if writable and not flags.writeable:
+            raise InvalidArgumentError(f"{what} is read-only, and braid writes the result into it")
+        self.dtype = _numpy_dtype(a.dtype, what)
+        self.count = int(a.size)
+        self.address = a.__array_interface__["data"][0] if self.count else None
 
     def _pin_buffer(self, obj: Any, what: str, writable: bool) -> None:
         # Inspect through a memoryview first for clear messages; the pointer then
@@ -169,13 +189,8 @@ class Pinned:
             if writable and mv.readonly:
                 raise InvalidArgumentError(f"{what} is read-only, and braid writes the result into it")
             dtype_obj: Any = getattr(obj, "dtype", None)
-            name = getattr(dtype_obj, "name", None)
-            if isinstance(name, str) and hasattr(obj, "__array_interface__"):
-                # NumPy names a big-endian int32 "int32" too: the byte order decides.
-                native = "<" if sys.byteorder == "little" else ">"
-                if getattr(dtype_obj, "byteorder", "=") not in ("=", "|", native):
-                    raise TypeError(f"{what} has non-native byte order ({dtype_obj.str}): use .astype(its native type)")
-                self.dtype = dtype_from_name(name, what)
+            if isinstance(getattr(dtype_obj, "name", None), str) and hasattr(obj, "__array_interface__"):
+                self.dtype = _numpy_dtype(dtype_obj, what)
             else:
                 self.dtype = _dtype_from_format(mv.format, mv.itemsize, what)
             if mv.nbytes % ITEMSIZE[self.dtype]:
@@ -200,6 +215,26 @@ class Pinned:
 
     def __del__(self) -> None:
         self.release()
+
+
+_NATIVE_ORDER = "<" if sys.byteorder == "little" else ">"
+
+
+# NumPy's and torch's dtypes -> braid's, as found (this is on every call's path,
+# and NumPy computes `dtype.name` in Python).
+_numpy_dtypes: Dict[Any, DType] = {}
+_torch_dtypes: Dict[Any, DType] = {}
+
+
+def _numpy_dtype(dtype_obj: Any, what: str) -> DType:
+    known = _numpy_dtypes.get(dtype_obj)
+    if known is not None:
+        return known
+    # NumPy names a big-endian int32 "int32" too: the byte order decides.
+    if dtype_obj.byteorder not in ("=", "|", _NATIVE_ORDER):
+        raise TypeError(f"{what} has non-native byte order ({dtype_obj.str}): use .astype(its native type)")
+    dt = _numpy_dtypes[dtype_obj] = dtype_from_name(dtype_obj.name, what)
+    return dt
 
 
 def _has_buffer(obj: Any) -> bool:

@@ -37,6 +37,8 @@ Result = Any  # the buffer object written (or a Work when async_op=True)
 
 
 def _op(op: OpLike) -> int:
+    if type(op) is ReduceOp:
+        return int(op)
     if isinstance(op, str):
         try:
             return int(ReduceOp[op.upper()])
@@ -92,23 +94,35 @@ class Communicator:
 
     size = world_size
 
-    @contextlib.contextmanager
-    def _using(self, call: str) -> Iterator[c_void_p]:
-        """The handle, kept alive (destroy waits) while a call uses it."""
+    # Every call holds the handle between _acquire and _release, so destroy (which
+    # waits for them) never frees it under a call running on another thread.
+    # Plain methods rather than a context manager: this is on every call's path.
+    def _acquire(self, call: str) -> c_void_p:
         with self._cond:
-            if self._handle is None or self._closing:
+            handle = self._handle
+            if handle is None or self._closing:
                 raise InvalidArgumentError(f"{call}: rank {self._rank}'s communicator was destroyed", call)
             self._users += 1
-            handle = self._handle
+            return handle
+
+    def _release(self) -> None:
+        with self._cond:
+            self._users -= 1
+            if self._closing:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def _using(self, call: str) -> Iterator[c_void_p]:
+        """The handle, held as by _acquire/_release, for the rarer calls."""
+        handle = self._acquire(call)
         try:
             yield handle
         finally:
-            with self._cond:
-                self._users -= 1
-                self._cond.notify_all()
+            self._release()
 
     def _issue(self, call: str, args: Sequence[Any], pinned: Sequence[Pinned], result: Any, async_op: bool) -> Result:
-        with self._using(call) as handle:
+        handle = self._acquire(call)
+        try:
             if async_op:
                 work = c_void_p()
                 try:
@@ -124,6 +138,8 @@ class Communicator:
                 for p in pinned:
                     p.release()
             return result
+        finally:
+            self._release()
 
     # -- argument helpers -------------------------------------------------------
 

@@ -137,9 +137,18 @@ def check(code: int, call: str) -> int:
     raise error_for(code, last_error(), call)
 
 
+_functions: Dict[str, Any] = {}
+
+
 def call(name: str, *args: Any) -> int:
     """Call entry point `name` and raise on failure."""
-    return check(getattr(lib(), name)(*args), name)
+    fn = _functions.get(name)
+    if fn is None:
+        fn = _functions[name] = getattr(lib(), name)
+    code: int = fn(*args)
+    if code == SUCCESS:
+        return code
+    return check(code, name)
 
 
 def has(name: str) -> bool:

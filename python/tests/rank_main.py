@@ -507,5 +507,33 @@ def _ticks_while_waiting(comm: braid.Communicator) -> None:
         comm.barrier()
 
 
+@scenario
+def destroy_waits() -> None:
+    """destroy() on one thread waits for a call another thread has in flight on
+    the same communicator (never frees the handle under it), then closes."""
+    comm = braid.Communicator.from_env()
+    if comm.rank == 0:
+        outcome: List[Any] = []
+
+        def in_flight() -> None:
+            try:
+                outcome.append(comm.barrier())  # rank 1 arrives after 1 s
+            except BaseException as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=in_flight)
+        t.start()
+        time.sleep(0.3)
+        comm.destroy()
+        t.join(timeout=60)
+        assert outcome == [None], outcome
+    else:
+        time.sleep(1)
+        comm.barrier()
+        comm.destroy()
+    assert comm.destroyed
+    print("ok")
+
+
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](*sys.argv[2:])

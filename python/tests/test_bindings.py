@@ -106,3 +106,8 @@ def test_wait_with_timeout_and_the_deadline() -> None:
 def test_blocking_call_releases_the_gil() -> None:
     _need("numpy")
     assert_all_ok(run_ranks(2, "threads", timeout=60))
+
+
+def test_destroy_waits_for_a_call_in_flight_on_another_thread() -> None:
+    _need("numpy")
+    assert_all_ok(run_ranks(2, "destroy_waits", timeout=60))
