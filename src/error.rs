@@ -76,7 +76,10 @@ pub enum Error {
     },
 
     /// A wait passed its deadline.
-    #[error("{ctx}: timed out after {timeout:?} waiting for rank(s) {waiting_on:?}")]
+    #[error(
+        "{ctx}: timed out after {timeout:?} waiting for rank(s) {waiting_on:?}{}",
+        crate::executor::wait_chain::describe_chains(.chain)
+    )]
     Timeout {
         /// Where it was detected.
         ctx: OpContext,
@@ -84,6 +87,10 @@ pub enum Error {
         timeout: Duration,
         /// The ranks that had not delivered or accepted data.
         waiting_on: Vec<usize>,
+        /// Inside a call: for each rank waited for, whom it waits for in turn, as far
+        /// as the ranks answered, and how the chain ends (the rank to look at).
+        /// Empty where nobody could be asked (setup).
+        chain: Vec<crate::executor::WaitChain>,
     },
 
     /// A peer sent bytes that are not a valid braid frame.
@@ -181,9 +188,12 @@ impl Error {
             Error::PeerAborted { ctx, peer, reason } => {
                 Error::PeerAborted { ctx: ctx.clone(), peer: *peer, reason: reason.clone() }
             }
-            Error::Timeout { ctx, timeout, waiting_on } => {
-                Error::Timeout { ctx: ctx.clone(), timeout: *timeout, waiting_on: waiting_on.clone() }
-            }
+            Error::Timeout { ctx, timeout, waiting_on, chain } => Error::Timeout {
+                ctx: ctx.clone(),
+                timeout: *timeout,
+                waiting_on: waiting_on.clone(),
+                chain: chain.clone(),
+            },
             Error::Protocol { ctx, peer, detail } => {
                 Error::Protocol { ctx: ctx.clone(), peer: *peer, detail: detail.clone() }
             }

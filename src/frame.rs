@@ -1,7 +1,7 @@
 //! Wire frames: a fixed 40-byte header in front of every message on every link.
 //!
 //! ```text
-//!  0 magic u16 "BR"   2 version u8   3 kind u8 (data, abort, goodbye, rendezvous, ack)
+//!  0 magic u16 "BR"   2 version u8   3 kind u8 (data, abort, goodbye, rendezvous, ack, wait query, wait reply)
 //!  4 communicator id u32
 //!  8 sequence number u64 (collectives: per communicator; send/recv: per peer)
 //! 16 op u8  17 dtype u8  18 reduce op u8  19 epoch u8
@@ -16,14 +16,14 @@
 //! multiple of [`PAYLOAD_ALIGN`] (not counted in the length field). With the header
 //! a multiple of it too, every payload starts 8-aligned in the stream, so a
 //! receiver can reduce straight out of a shared ring with aligned vector loads.
-//! Control frames (abort, goodbye, ack) are not padded.
+//! Control frames (abort, goodbye, ack, wait query and reply) are not padded.
 
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 40;
 /// Protocol version; bumped when the header or the framing changes.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Data and rendezvous payloads are padded to a multiple of this many bytes.
 pub const PAYLOAD_ALIGN: usize = 8;
 const _: () = assert!(HEADER_LEN.is_multiple_of(PAYLOAD_ALIGN));
@@ -52,6 +52,13 @@ pub enum FrameKind {
     /// The receiver finished reading the sender's memory for the oldest
     /// unacknowledged rendezvous on this link.
     Ack = 5,
+    /// The sender timed out waiting for the receiver and asks whom the receiver
+    /// waits for (no payload). Answered with a [`FrameKind::WaitReply`] by a rank
+    /// inside a call; see `executor::wait_chain`.
+    WaitQuery = 6,
+    /// The answer to a [`FrameKind::WaitQuery`]: the sender's call (sequence number
+    /// and signature in the header) and the ranks it waits for (payload: u32 each).
+    WaitReply = 7,
 }
 
 /// A decoded header.
@@ -106,6 +113,8 @@ impl Header {
             3 => FrameKind::Goodbye,
             4 => FrameKind::Rendezvous,
             5 => FrameKind::Ack,
+            6 => FrameKind::WaitQuery,
+            7 => FrameKind::WaitReply,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let op = OpKind::from_code(b[16]).ok_or_else(|| format!("unknown op code {}", b[16]))?;
@@ -181,6 +190,8 @@ mod tests {
                 Just(FrameKind::Goodbye),
                 Just(FrameKind::Rendezvous),
                 Just(FrameKind::Ack),
+                Just(FrameKind::WaitQuery),
+                Just(FrameKind::WaitReply),
             ]
         }
 
@@ -230,7 +241,7 @@ mod tests {
                     // Mostly plausible frames, so the decoder's later checks run too.
                     raw[0..2].copy_from_slice(&MAGIC.to_le_bytes());
                     raw[2] = VERSION;
-                    raw[3] %= 7;
+                    raw[3] %= 9;
                     raw[16] %= 16;
                     raw[17] %= 12;
                     raw[18] %= 8;
@@ -248,7 +259,7 @@ mod tests {
                 prop_assume!(raw[at] != x);
                 raw[at] = x;
                 // Magic, version and kind: any change is refused, except one kind for another.
-                let other_kind = at == 3 && (1..=5).contains(&x);
+                let other_kind = at == 3 && (1..=7).contains(&x);
                 prop_assert_eq!(Header::decode(&raw).is_ok(), other_kind);
             }
         }

@@ -141,6 +141,7 @@ pub use comm::{Communicator, CommunicatorBuilder, Work};
 pub use comm::{Scope, ScopedWork};
 pub use config::Config;
 pub use error::{Error, OpContext, Result};
+pub use executor::{ChainEnd, WaitChain};
 pub use transport::ifaces::AddrFamily;
 pub use transport::TransportKind;
 pub use types::{CallSig, DType, Element, OpKind, ReduceOp};

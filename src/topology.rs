@@ -342,7 +342,7 @@ fn wait_ranks(
             if waiting_on.is_empty() {
                 return Err(e);
             }
-            Err(Error::Timeout { ctx: OpContext { rank, call: None, seq: 0 }, timeout, waiting_on })
+            Err(Error::Timeout { ctx: OpContext { rank, call: None, seq: 0 }, timeout, waiting_on, chain: Vec::new() })
         }
     }
 }

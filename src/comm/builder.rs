@@ -311,7 +311,7 @@ fn nonce(scoped: &PrefixStore, cfg: &Config) -> Result<Vec<u8>> {
                 Err(Error::Timeout { timeout, .. }) => {
                     let waiting_on = (0..world).filter(|r| !arrived[*r]).collect();
                     let ctx = crate::error::OpContext { rank, call: None, seq: 0 };
-                    return Err(Error::Timeout { ctx, timeout, waiting_on });
+                    return Err(Error::Timeout { ctx, timeout, waiting_on, chain: Vec::new() });
                 }
                 Err(e) => return Err(e),
             };

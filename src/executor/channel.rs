@@ -165,6 +165,12 @@ pub trait PeerChannel: Send {
     /// free the memory) while this side still has it mapped. Others ignore it.
     fn last_receives_posted(&mut self) {}
 
+    /// The channel's part in asking whom a peer waits for when a call times out
+    /// (see [`super::wait_chain`]); None where the link cannot carry the question.
+    fn wait_slot(&mut self) -> Option<&mut super::wait_chain::WaitSlot> {
+        None
+    }
+
     /// The call ends (however it ends): revoke whatever the peer was allowed to read
     /// of this call's buffers and forget every posted request.
     fn end_call(&mut self);

@@ -42,9 +42,11 @@ pub mod channel;
 pub mod peer_copy;
 pub mod staged;
 pub mod stream;
+pub mod wait_chain;
 use crate::types::{CallSig, DType, ReduceOp};
 pub use channel::{MemKind, MemRegion, PeerChannel, Readiness, Reduction};
 pub use stream::{StreamChannel, SEGMENT_BYTES};
+pub use wait_chain::{ChainEnd, WaitChain};
 
 /// Idle passes of a spinning rank between two reads of the clock.
 const PASSES_PER_CLOCK_READ: u32 = 16;
@@ -54,6 +56,9 @@ const YIELD_PHASE: Duration = Duration::from_millis(2);
 /// With more ranks than cores, waiting ranks keep yielding (a peer that needs the
 /// core is likely runnable) for up to this long before they sleep.
 const LONG_IDLE: Duration = Duration::from_millis(100);
+/// A rank moving data answers questions about its waits (see [`wait_chain`]) at
+/// least every this many passes of the transfer loop, and on every idle clock read.
+const PASSES_PER_ANSWER: u32 = 256;
 /// How long a rank that fails or closes keeps trying to hand its peers an abort
 /// or goodbye frame through full links, all links together.
 pub const CONTROL_GRACE: Duration = Duration::from_millis(200);
@@ -417,6 +422,7 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
     // The first idle passes do not read the clock either: most small transfers
     // complete within them, and a clock read delays noticing the peer's data.
     let mut spinning_passes = PASSES_PER_CLOCK_READ;
+    let mut passes_to_answer = PASSES_PER_ANSWER;
     loop {
         // A plain load: this is the hot loop. Every wait below is bounded (100 ms
         // in poll, 1 ms asleep), so an abort is seen well within a second.
@@ -437,6 +443,11 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
             last_progress = None;
             spinning_passes = 0;
             sleep = Duration::from_micros(5);
+            passes_to_answer -= 1;
+            if passes_to_answer == 0 {
+                passes_to_answer = PASSES_PER_ANSWER;
+                wait_chain::answer_queries(channels, call);
+            }
             continue;
         }
         // Spinning, the clock is read only every few passes: a pass is a few tens
@@ -448,10 +459,15 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
         }
         let now = Instant::now();
         let idle = now - *last_progress.get_or_insert(now);
+        wait_chain::answer_queries(channels, call);
         if idle >= call.timeout {
-            let waiting_on =
-                (0..channels.len()).filter(|&p| channels[p].as_ref().is_some_and(|ch| ch.busy())).collect();
-            return Err(Error::Timeout { ctx: call.ctx.clone(), timeout: call.timeout, waiting_on });
+            let waiting_on = wait_chain::busy_ranks(channels);
+            return match wait_chain::investigate(channels, gates, call, &waiting_on)? {
+                wait_chain::Verdict::Finished => Ok(()),
+                wait_chain::Verdict::Chains(chain) => {
+                    Err(Error::Timeout { ctx: call.ctx.clone(), timeout: call.timeout, waiting_on, chain })
+                }
+            };
         }
         if idle < call.wait.spin {
             if call.wait.yield_while_spinning {

@@ -722,6 +722,10 @@ impl PeerChannel for PeerCopyChannel<'_> {
         self.inner.send_control_and_close(kind, comm_id, epoch, reason, give_up);
     }
 
+    fn wait_slot(&mut self) -> Option<&mut super::wait_chain::WaitSlot> {
+        self.inner.wait_slot()
+    }
+
     fn end_call(&mut self) {
         // First this device stops reading the peer's memory (and writing this
         // call's buffers), then the inner channel forgets the control slots, and

@@ -316,6 +316,10 @@ impl PeerChannel for StagedChannel<'_> {
         self.inner.send_control_and_close(kind, comm_id, epoch, reason, give_up);
     }
 
+    fn wait_slot(&mut self) -> Option<&mut super::wait_chain::WaitSlot> {
+        self.inner.wait_slot()
+    }
+
     fn end_call(&mut self) {
         // Order matters: first the device stops touching the staging buffers, then
         // the inner channel revokes what its peer may read of them and forgets its

@@ -537,7 +537,7 @@ pub fn connect_shm(opts: &ShmOptions, store: &dyn Store) -> Result<Vec<Option<Sh
             let mut waiting_on: Vec<usize> = lower.iter().map(|&(a, _)| a).collect();
             waiting_on.extend(setups.iter().filter(|s| !s.done()).map(|s| s.peer));
             waiting_on.sort_unstable();
-            return Err(Error::Timeout { ctx: setup_ctx(rank), timeout: opts.timeout, waiting_on });
+            return Err(Error::Timeout { ctx: setup_ctx(rank), timeout: opts.timeout, waiting_on, chain: Vec::new() });
         }
         // Short pauses while things move (ranks start together), longer ones for a late rank.
         pause = if progressed { Duration::from_micros(100) } else { (pause * 2).min(Duration::from_millis(10)) };

@@ -467,7 +467,7 @@ fn ctx(opts: &MeshOptions) -> OpContext {
 }
 
 fn timeout(opts: &MeshOptions, waiting_on: Vec<usize>) -> Error {
-    Error::Timeout { ctx: ctx(opts), timeout: opts.timeout, waiting_on }
+    Error::Timeout { ctx: ctx(opts), timeout: opts.timeout, waiting_on, chain: Vec::new() }
 }
 
 /// Listen where `choice` says, and the addresses to publish (the chosen one first).

@@ -10,6 +10,7 @@ use super::single_copy::{pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
 use super::{CallInfo, Gone, InMsg, Rx, StreamChannel, MAX_REASON, REDUCE_GRAIN, SEGMENT_BYTES};
 use crate::error::{Error, Result};
 use crate::executor::peer_error;
+use crate::executor::wait_chain::{check_reply_len, MAX_LISTED};
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
 use crate::transport::Link;
@@ -159,6 +160,8 @@ pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [us
                 return Ok(progressed);
             }
             Rx::Header { have } => {
+                // Questions and answers about waits are not progress of the call.
+                let progressed_before = progressed;
                 let n = match ch.link.try_read(&mut ch.hdr[*have..]) {
                     Ok(n) => n,
                     // An end of the link (orderly or not) between frames is only an
@@ -201,7 +204,43 @@ pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [us
                         ch.said_goodbye = true;
                         Rx::Header { have: 0 }
                     }
+                    FrameKind::WaitQuery => {
+                        progressed = progressed_before;
+                        if h.len != 0 {
+                            let detail = format!("a wait query with {} bytes of payload", h.len);
+                            return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
+                        }
+                        ch.wait.on_query(&h, call);
+                        Rx::Header { have: 0 }
+                    }
+                    FrameKind::WaitReply => {
+                        progressed = progressed_before;
+                        let want = check_reply_len(h.len).map_err(|detail| Error::Protocol {
+                            ctx: call.ctx.clone(),
+                            peer,
+                            detail,
+                        })?;
+                        Rx::WaitList { head: h, want, buf: Vec::with_capacity(want) }
+                    }
                 };
+            }
+            Rx::WaitList { head, want, buf } => {
+                let mut tmp = [0u8; 4 * MAX_LISTED];
+                let take = *want - buf.len();
+                let n = match take {
+                    0 => 0,
+                    _ => ch.link.try_read(&mut tmp[..take]).map_err(|e| peer_error(call, peer, ch.said_goodbye, e))?,
+                };
+                buf.extend_from_slice(&tmp[..n]);
+                if buf.len() == *want {
+                    let (head, list) = (*head, std::mem::take(buf));
+                    ch.wait.on_reply(&head, &list, call);
+                    ch.rx = Rx::Header { have: 0 };
+                    continue;
+                }
+                if n == 0 {
+                    return Ok(progressed);
+                }
             }
             Rx::Pad { left } => {
                 let mut sink = [0u8; PAYLOAD_ALIGN];

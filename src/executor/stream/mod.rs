@@ -29,6 +29,7 @@ use std::io;
 use std::time::Instant;
 
 use super::channel::{require_host, MemRegion, PeerChannel, Readiness, Reduction};
+use super::wait_chain::WaitSlot;
 use super::{peer_error, CallInfo};
 use crate::config::Tuning;
 use crate::error::{Error, Result};
@@ -80,6 +81,8 @@ enum Rx {
     Ready(Header),
     /// Reading an abort frame's reason.
     Reason { want: usize, buf: Vec<u8> },
+    /// Reading the ranks listed in a wait reply (header `head`).
+    WaitList { head: Header, want: usize, buf: Vec<u8> },
     /// Skipping the padding after a payload.
     Pad { left: usize },
     /// The peer will send nothing more (it said goodbye, aborted, or its link
@@ -100,6 +103,15 @@ pub(super) enum Gone {
 }
 
 impl Gone {
+    /// Why the peer stopped, for a rank that asked it whom it waits for.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Gone::Goodbye => "it closed its communicator".to_string(),
+            Gone::Aborted(reason) => reason.clone(),
+            Gone::Lost(_, detail) => format!("its link ended ({detail})"),
+        }
+    }
+
     /// The error of a call that needs the peer that is gone.
     pub(super) fn error(&self, call: &CallInfo, peer: usize) -> Error {
         match self {
@@ -142,6 +154,8 @@ pub struct StreamChannel {
     out: VecDeque<OutMsg>,
     /// Frames posted to receive, in order.
     inq: VecDeque<InMsg>,
+    /// Questions and answers about whom the ranks wait for (see `wait_chain`).
+    wait: WaitSlot,
 }
 
 // SAFETY: the raw pointers in `out` and `inq` are held only during `execute`, whose
@@ -175,6 +189,7 @@ impl StreamChannel {
             tx_at_boundary: true,
             out: VecDeque::new(),
             inq: VecDeque::new(),
+            wait: WaitSlot::default(),
         }
     }
 }
@@ -260,12 +275,15 @@ impl PeerChannel for StreamChannel {
 
     fn progress(&mut self, peer: usize, gates: &mut [usize], call: &CallInfo) -> Result<bool> {
         if let Rx::Gone(g) = &self.rx {
+            if self.wait.awaiting && self.wait.gone.is_none() {
+                self.wait.gone = Some(g.describe());
+            }
             self.acks_owed = 0;
             return if self.needs_peer() { Err(g.error(call, peer)) } else { Ok(false) };
         }
         // Most passes of a small call have nothing to send: that costs a check here,
         // not a call (progress_send would find both queues empty and return false).
-        let sent = if self.out.is_empty() && self.acks_owed == 0 {
+        let sent = if self.out.is_empty() && self.acks_owed == 0 && self.wait.unsent().is_empty() {
             false
         } else {
             match progress_send(self, gates, call) {
@@ -289,7 +307,10 @@ impl PeerChannel for StreamChannel {
         let Some(fd) = self.link.poll_fd() else { return Readiness::NoFd };
         let mut events = 0;
         // A forward waiting for its reduction waits on input, not on the socket.
-        if self.out.front().is_some_and(|m| writable(m, gates, self.forward_grain) > m.sent) || self.acks_owed > 0 {
+        if self.out.front().is_some_and(|m| writable(m, gates, self.forward_grain) > m.sent)
+            || self.acks_owed > 0
+            || !self.wait.unsent().is_empty()
+        {
             events |= libc::POLLOUT;
         }
         // Watch input when a receive or an ack is awaited, or (idle) for an abort
@@ -298,7 +319,10 @@ impl PeerChannel for StreamChannel {
         if matches!(self.rx, Rx::Gone(_)) {
             return Readiness::Fd { fd, events: 0 };
         }
-        if !self.inq.is_empty() || self.acks_awaited > 0 || matches!(self.rx, Rx::Header { .. } | Rx::Reason { .. }) {
+        if !self.inq.is_empty()
+            || self.acks_awaited > 0
+            || matches!(self.rx, Rx::Header { .. } | Rx::Reason { .. } | Rx::WaitList { .. })
+        {
             events |= libc::POLLIN;
         }
         Readiness::Fd { fd, events }
@@ -323,6 +347,10 @@ impl PeerChannel for StreamChannel {
         }
         self.tx_at_boundary = false;
         self.link.close();
+    }
+
+    fn wait_slot(&mut self) -> Option<&mut WaitSlot> {
+        Some(&mut self.wait)
     }
 
     fn end_call(&mut self) {

@@ -110,8 +110,28 @@ fn cap_parts(parts: [&[u8]; 3], mut max: usize) -> [&[u8]; 3] {
     })
 }
 
+/// Write the queued wait query and reply frames (see `wait_chain`), at a frame
+/// boundary only. They are not progress of the call, and a link that fails them
+/// drops them: a transfer that needs the link reports the failure.
+fn write_wait_frames(ch: &mut StreamChannel) {
+    if ch.wait.unsent().is_empty() || !(ch.tx_at_boundary || ch.wait.mid_frame()) {
+        return;
+    }
+    match ch.link.try_write(&[ch.wait.unsent()]) {
+        Ok(n) => {
+            ch.wait.wrote(n);
+            ch.tx_at_boundary = !ch.wait.mid_frame();
+        }
+        Err(_) => ch.wait.drop_unsent(),
+    }
+}
+
 pub(super) fn progress_send(ch: &mut StreamChannel, gates: &[usize], call: &CallInfo) -> io::Result<bool> {
     let mut progressed = false;
+    write_wait_frames(ch);
+    if ch.wait.mid_frame() {
+        return Ok(false);
+    }
     let q = &mut ch.out;
     // Acks jump the queue at a frame boundary: the peer's round waits on them.
     while ch.acks_owed > 0 && ch.tx_at_boundary && q.front().is_none_or(|m| m.sent == 0) {
@@ -138,6 +158,10 @@ pub(super) fn progress_send(ch: &mut StreamChannel, gates: &[usize], call: &Call
                 ch.acks_awaited += 1;
             }
             q.pop_front();
+            if !ch.wait.unsent().is_empty() {
+                // A question or answer goes between frames, not after the whole queue.
+                break;
+            }
         }
     }
     Ok(progressed)

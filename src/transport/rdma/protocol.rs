@@ -562,7 +562,7 @@ impl Protocol {
                     moved = true;
                     continue;
                 }
-                FrameKind::Rendezvous | FrameKind::Ack => {
+                FrameKind::Rendezvous | FrameKind::Ack | FrameKind::WaitQuery | FrameKind::WaitReply => {
                     return Err(protocol_err(call, peer, format!("a {:?} frame on an rdma queue pair", h.kind)));
                 }
             }

@@ -541,7 +541,7 @@ fn a_rank_that_never_comes_times_out_naming_it() {
         assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
         for (rank, e) in present.iter().zip(errs) {
             match &e {
-                Error::Timeout { ctx, waiting_on, timeout } => {
+                Error::Timeout { ctx, waiting_on, timeout, .. } => {
                     assert_eq!(ctx.rank, *rank);
                     assert_eq!(*timeout, Duration::from_millis(300));
                     assert_eq!(waiting_on, &vec![missing], "rank {rank}: {e}");
