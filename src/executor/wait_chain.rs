@@ -9,6 +9,12 @@
 //! for) over its own links, asking each rank at most once, for a short
 //! [`window`], and names the chain and how it ends in the [`Error::Timeout`].
 //!
+//! A question can be stuck behind data: a peer that has not posted the receive
+//! for a frame this rank sent early (a later round of a collective) reads nothing
+//! past it. So a rank at its deadline also tells every peer, unasked, whom it
+//! waits for. That word travels the other way, on the link the waiting rank
+//! reads because it waits for that peer, and is kept for the rest of the call.
+//!
 //! Any rank inside a call answers: the executor polls its links anyway, and asks
 //! each link whether a question arrived now and then (see [`answer_queries`]). A
 //! rank between calls reads nothing, so it cannot answer; that it did not answer
@@ -18,7 +24,8 @@
 //! ahead of queued data (like acks). Neither counts as progress of the call, so a
 //! rank that answers questions still times out when its own call does not move.
 //! A reply is untrusted input: its list is bounded ([`MAX_LISTED`]), every rank in
-//! it must be in the communicator, and a reply nobody asked for is dropped.
+//! it must be in the communicator, and it counts only in this call and
+//! communicator (it is forgotten when the call ends, and it makes no rank asked).
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -67,6 +74,9 @@ pub enum ChainEnd {
     WaitsForNobody,
     /// It waits for this rank, already on the chain (a cycle of waits).
     Cycle(usize),
+    /// It waits for the rank that asked (a send of that rank it has not taken, or a
+    /// deadlock of the two).
+    WaitsForThisRank,
     /// Its answer was not valid (what was wrong).
     Invalid(String),
 }
@@ -86,6 +96,7 @@ impl fmt::Display for WaitChain {
             ChainEnd::Left(why) => write!(f, "stopped waiting: {why}"),
             ChainEnd::WaitsForNobody => f.write_str("waits for nobody (its call was ending)"),
             ChainEnd::Cycle(r) => write!(f, "waits for rank {r} (a cycle: these ranks wait for each other)"),
+            ChainEnd::WaitsForThisRank => f.write_str("waits for this rank"),
             ChainEnd::Invalid(why) => write!(f, "gave an invalid answer ({why})"),
         }
     }
@@ -118,9 +129,9 @@ pub struct WaitReply {
 pub struct WaitSlot {
     /// The peer asked; this rank has not answered yet.
     pub asked: bool,
-    /// This rank asked the peer and takes its reply (a reply at any other time is dropped).
+    /// This rank asked the peer and waits for its reply (or for its departure).
     pub awaiting: bool,
-    /// The peer's reply, while awaited.
+    /// The peer's latest word in this call on whom it waits for (asked or not).
     pub reply: Option<WaitReply>,
     /// The peer left or failed while awaited: why.
     pub gone: Option<String>,
@@ -154,6 +165,13 @@ impl WaitSlot {
         }
     }
 
+    /// The call ended: what the peer said of its waits is stale. (A question is
+    /// still answered, by the next call: with what it waits for then.)
+    pub fn end_call(&mut self) {
+        self.reply = None;
+        self.gone = None;
+    }
+
     /// The link failed: what is queued is dropped (whoever needs the link sees the failure).
     pub fn drop_unsent(&mut self) {
         self.out.clear();
@@ -168,9 +186,9 @@ impl WaitSlot {
     }
 
     /// A reply arrived with `payload` (whole, of the length the header gave, which
-    /// [`check_reply_len`] accepted): kept if awaited, else dropped.
+    /// [`check_reply_len`] accepted): kept for this call if it is of this communicator.
     pub fn on_reply(&mut self, h: &Header, payload: &[u8], call: &CallInfo) {
-        if !self.awaiting || h.comm_id != call.comm_id || h.epoch != call.epoch {
+        if h.comm_id != call.comm_id || h.epoch != call.epoch {
             return;
         }
         let waits = payload.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
@@ -256,6 +274,11 @@ pub(super) fn investigate(
         *p = Probe::Answered(waiting_on.to_vec());
     }
     let mut failed = vec![false; world];
+    // Unasked: a rank that waits for this one may be unable to ask it.
+    let word = reply_frame(call, waiting_on);
+    for slot in channels.iter_mut().flatten().filter_map(|ch| ch.wait_slot()) {
+        slot.queue(&word);
+    }
     loop {
         if call.aborted.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Aborted { rank: me, call: Some(call.sig) });
@@ -300,7 +323,7 @@ pub(super) fn investigate(
         }
     }
     forget_questions(channels);
-    Ok(Verdict::Chains(waiting_on.iter().map(|&w| follow(w, &probes)).collect()))
+    Ok(Verdict::Chains(waiting_on.iter().map(|&w| follow(w, me, &probes)).collect()))
 }
 
 /// The reason a peer gave for stopping, or what this rank saw of its link.
@@ -338,9 +361,10 @@ fn ask_reachable(channels: &mut Channels, call: &CallInfo, probes: &mut [Probe],
                 Some(_) if failed[r] => Probe::End(ChainEnd::NotAsked("its link failed".into())),
                 Some((_, Some(slot))) => {
                     slot.awaiting = true;
-                    slot.reply = None;
-                    slot.gone = None;
-                    slot.queue(&query_frame(call));
+                    // A rank that already said whom it waits for need not be asked.
+                    if slot.reply.is_none() {
+                        slot.queue(&query_frame(call));
+                    }
                     Probe::Asked
                 }
             };
@@ -383,8 +407,6 @@ fn forget_questions(channels: &mut Channels) {
     for ch in channels.iter_mut().flatten() {
         if let Some(slot) = ch.wait_slot() {
             slot.awaiting = false;
-            slot.reply = None;
-            slot.gone = None;
             if !slot.mid_frame() {
                 slot.drop_unsent();
             }
@@ -392,12 +414,15 @@ fn forget_questions(channels: &mut Channels) {
     }
 }
 
-/// The chain from `start`: the shortest path of answers to a rank that ends it
-/// (one that did not answer, left, could not be asked, or waits for nobody); with
-/// none, the ranks wait for each other and the chain ends where it closes.
-fn follow(start: usize, probes: &[Probe]) -> WaitChain {
+/// The chain from `start`, as rank `me` sees it: the shortest path of answers to a
+/// rank that ends it (one that did not answer, left, could not be asked, or waits
+/// for nobody); else the nearest rank that waits for `me` (its chain goes on
+/// through `me`'s own waits, which the other chains describe); else the ranks
+/// wait for each other and the chain ends where it closes.
+fn follow(start: usize, me: usize, probes: &[Probe]) -> WaitChain {
     let mut parent = vec![usize::MAX; probes.len()];
     parent[start] = start;
+    let mut waits_for_me = None;
     let mut queue = std::collections::VecDeque::from([start]);
     while let Some(r) = queue.pop_front() {
         let waits = match &probes[r] {
@@ -406,16 +431,21 @@ fn follow(start: usize, probes: &[Probe]) -> WaitChain {
             Probe::Unasked | Probe::Asked => return WaitChain { ranks: path_to(r, &parent), end: ChainEnd::Silent },
         };
         for &w in waits {
-            if parent[w] == usize::MAX {
+            if w == me {
+                waits_for_me = waits_for_me.or(Some(r));
+            } else if parent[w] == usize::MAX {
                 parent[w] = r;
                 queue.push_back(w);
             }
         }
     }
+    if let Some(r) = waits_for_me {
+        return WaitChain { ranks: path_to(r, &parent), end: ChainEnd::WaitsForThisRank };
+    }
     // Every rank reached answered and waits for another: walk to where it closes.
     let mut ranks = vec![start];
     while let Probe::Answered(waits) = &probes[ranks[ranks.len() - 1]] {
-        match waits.first() {
+        match waits.iter().find(|&&w| w != me) {
             Some(&next) if ranks.contains(&next) => return WaitChain { ranks, end: ChainEnd::Cycle(next) },
             Some(&next) if ranks.len() < probes.len() => ranks.push(next),
             _ => break,

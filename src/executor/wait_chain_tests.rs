@@ -40,13 +40,13 @@ fn answered(w: &[usize]) -> Probe {
 fn a_chain_ends_at_the_rank_that_did_not_answer() {
     // Rank 0 waits for 1, 1 for 2, 2 for 3; 3 was asked and said nothing.
     let probes = [answered(&[1]), answered(&[2]), answered(&[3]), Probe::End(ChainEnd::Silent)];
-    let c = follow(1, &probes);
+    let c = follow(1, 0, &probes);
     assert_eq!(c, WaitChain { ranks: vec![1, 2, 3], end: ChainEnd::Silent });
     assert_eq!(
         c.to_string(),
         "rank 1 waits for rank 2, which waits for rank 3, which did not answer (stopped, or stuck outside braid)"
     );
-    let direct = follow(3, &probes);
+    let direct = follow(3, 0, &probes);
     assert_eq!(direct.to_string(), "rank 3 did not answer (stopped, or stuck outside braid)");
     assert_eq!(
         describe_chains(&[c.clone(), direct]),
@@ -59,13 +59,17 @@ fn a_chain_ends_at_the_rank_that_did_not_answer() {
 fn the_nearest_end_is_named_and_a_cycle_is_called_one() {
     // Rank 1 waits for this rank (0) and for 2; 2 left: the chain goes 1, 2.
     let probes = [answered(&[1]), answered(&[0, 2]), Probe::End(ChainEnd::Left("it panicked".into()))];
-    let c = follow(1, &probes);
+    let c = follow(1, 0, &probes);
     assert_eq!(c.ranks, vec![1, 2]);
     assert_eq!(c.to_string(), "rank 1 waits for rank 2, which stopped waiting: it panicked");
-    // 0 and 1 wait for each other (a deadlock of mismatched calls).
-    let c = follow(1, &[answered(&[1]), answered(&[0])]);
-    assert_eq!(c, WaitChain { ranks: vec![1, 0], end: ChainEnd::Cycle(1) });
-    assert!(c.to_string().contains("which waits for rank 1 (a cycle"), "{c}");
+    // Rank 1 waits only for this rank (0): named as such, not followed round again.
+    let c = follow(1, 0, &[answered(&[1]), answered(&[0])]);
+    assert_eq!(c, WaitChain { ranks: vec![1], end: ChainEnd::WaitsForThisRank });
+    assert_eq!(c.to_string(), "rank 1 waits for this rank");
+    // 1 and 2 wait for each other (a deadlock of mismatched calls).
+    let c = follow(1, 0, &[answered(&[1]), answered(&[2]), answered(&[1])]);
+    assert_eq!(c, WaitChain { ranks: vec![1, 2], end: ChainEnd::Cycle(1) });
+    assert!(c.to_string().contains("rank 1 waits for rank 2, which waits for rank 1 (a cycle"), "{c}");
 }
 
 #[test]
@@ -95,13 +99,16 @@ fn drive(channels: &mut Channels, call: &CallInfo) -> Result<bool> {
 }
 
 #[test]
-fn a_reply_nobody_asked_for_is_dropped_and_an_asked_one_is_checked() {
+fn a_word_unasked_is_kept_for_the_call_and_an_asked_one_is_checked() {
     let info = call(0);
     let (mut channels, mut peer) = asker();
-    // Unasked: read and dropped, and it is not progress of the call.
+    // Unasked: kept until the call ends, and it is not progress of the call.
     peer.try_write(&[&reply_bytes(4, &[0])]).unwrap();
     assert!(!drive(&mut channels, &info).unwrap());
-    assert!(channels[1].as_mut().unwrap().wait_slot().unwrap().reply.is_none());
+    let ch = channels[1].as_mut().unwrap();
+    assert_eq!(ch.wait_slot().unwrap().reply.as_ref().map(|r| r.waits.clone()), Some(vec![0]));
+    ch.end_call();
+    assert!(ch.wait_slot().unwrap().reply.is_none(), "a word of an ended call is stale");
     // Asked: the question goes out, and an answer naming a rank outside the world is invalid.
     let mut probes = vec![answered(&[1]), Probe::Unasked];
     ask_reachable(&mut channels, &info, &mut probes, &[false, false]);

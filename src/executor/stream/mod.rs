@@ -354,6 +354,7 @@ impl PeerChannel for StreamChannel {
     }
 
     fn end_call(&mut self) {
+        self.wait.end_call();
         if std::mem::take(&mut self.exposed) {
             self.link.revoke_exposed();
         }
