@@ -356,7 +356,7 @@ fn ask_reachable(channels: &mut Channels, call: &CallInfo, probes: &mut [Probe],
             probes[r] = match channels[r].as_mut().map(|ch| (ch.kind(), ch.wait_slot())) {
                 None => Probe::End(ChainEnd::NotAsked("this rank has no link to it".into())),
                 Some((kind, None)) => {
-                    Probe::End(ChainEnd::NotAsked(format!("a {kind} link cannot carry the question")))
+                    Probe::End(ChainEnd::NotAsked(format!("its {kind} link cannot carry the question")))
                 }
                 Some(_) if failed[r] => Probe::End(ChainEnd::NotAsked("its link failed".into())),
                 Some((_, Some(slot))) => {
