@@ -5,12 +5,14 @@
 //!  4 communicator id u32
 //!  8 sequence number u64 (collectives: per communicator; send/recv: per peer)
 //! 16 op u8  17 dtype u8  18 reduce op u8  19 epoch u8
-//! 20 root / peer u32
+//! 20 root (rooted collectives) / tag (send/recv) u32
 //! 24 count u64
 //! 32 payload length u32   36 algorithm u8 (bit 7: reproducible mode)   37 reserved (3 bytes, zero)
 //! ```
 //! Little-endian. Every data frame repeats the call's signature, so a rank that
 //! receives a frame of another call reports both calls instead of corrupting data.
+//! A send's frames carry its tag where collectives carry the root: the peer a
+//! send names is the rank that receives the frame, which knows who it is.
 //!
 //! The payload of a data or rendezvous frame is followed by zero bytes up to a
 //! multiple of [`PAYLOAD_ALIGN`] (not counted in the length field). With the header
@@ -91,7 +93,8 @@ impl Header {
         b[17] = self.sig.dtype as u8;
         b[18] = self.sig.reduce_op as u8;
         b[19] = self.epoch;
-        b[20..24].copy_from_slice(&self.sig.root.to_le_bytes());
+        let root_or_tag = if self.sig.op.point_to_point() { self.sig.tag } else { self.sig.root };
+        b[20..24].copy_from_slice(&root_or_tag.to_le_bytes());
         b[24..32].copy_from_slice(&self.sig.count.to_le_bytes());
         b[32..36].copy_from_slice(&self.len.to_le_bytes());
         b[36] = self.sig.algo;
@@ -126,12 +129,14 @@ impl Header {
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        // A send/recv's peer is not on the wire (it is the receiving rank): 0 here.
+        let (root, tag) = if op.point_to_point() { (0, u32_at(20)) } else { (u32_at(20), 0) };
         Ok(Header {
             kind,
             comm_id: u32_at(4),
             epoch: b[19],
             seq: u64_at(8),
-            sig: CallSig { op, dtype, count: u64_at(24), root: u32_at(20), reduce_op, algo: b[36] },
+            sig: CallSig { op, dtype, count: u64_at(24), root, reduce_op, algo: b[36], tag },
             len: u32_at(32),
         })
     }
@@ -179,6 +184,20 @@ mod tests {
         assert!(Header::decode(&bad).unwrap_err().contains("dtype"));
     }
 
+    /// A send's frame carries its tag (all 32 bits) where a collective carries its
+    /// root; its peer is the rank that reads the frame, so it is not on the wire.
+    #[test]
+    fn a_send_carries_its_tag_and_a_broadcast_its_root() {
+        let send = CallSig::new(OpKind::Send, DType::F32, 9, 5, ReduceOp::Sum).with_tag(0xfeed_beef);
+        let h = Header { kind: FrameKind::Data, comm_id: 1, epoch: 0, seq: 4, sig: send, len: 36 };
+        let got = Header::decode(&h.encode()).unwrap().sig;
+        assert_eq!((got.tag, got.root, got.count), (0xfeed_beef, 0, 9));
+        let bcast = CallSig::new(OpKind::Broadcast, DType::F32, 9, 5, ReduceOp::Sum).with_tag(7);
+        let h = Header { sig: bcast, ..h };
+        let got = Header::decode(&h.encode()).unwrap().sig;
+        assert_eq!((got.tag, got.root), (0, 5), "only send/recv carry a tag");
+    }
+
     mod properties {
         use super::*;
         use proptest::prelude::*;
@@ -210,13 +229,15 @@ mod tests {
                 0..=crate::algorithm::Algorithm::ALL.len() as u8,
                 any::<bool>(),
             )
-                .prop_map(|(op, dtype, count, root, reduce_op, algo, reproducible)| CallSig {
+                .prop_map(|(op, dtype, count, root_or_tag, reduce_op, algo, reproducible)| CallSig {
                     op,
                     dtype,
                     count,
-                    root,
+                    // The wire carries a send/recv's tag in place of its peer.
+                    root: if op.point_to_point() { 0 } else { root_or_tag },
                     reduce_op,
                     algo: algo | if reproducible { crate::types::REPRODUCIBLE } else { 0 },
+                    tag: if op.point_to_point() { root_or_tag } else { 0 },
                 });
             (kind(), any::<u32>(), any::<u8>(), any::<u64>(), sig, any::<u32>())
                 .prop_map(|(kind, comm_id, epoch, seq, sig, len)| Header { kind, comm_id, epoch, seq, sig, len })

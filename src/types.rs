@@ -247,6 +247,11 @@ impl OpKind {
         matches!(self, OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce)
     }
 
+    /// Whether the op is a send or a receive (it has a peer and a tag).
+    pub const fn point_to_point(self) -> bool {
+        matches!(self, OpKind::Send | OpKind::Recv)
+    }
+
     /// Whether the op has a root rank.
     pub const fn rooted(self) -> bool {
         matches!(self, OpKind::Broadcast | OpKind::Reduce | OpKind::Gather | OpKind::Scatter)
@@ -294,6 +299,10 @@ pub struct CallSig {
     /// so that ranks that chose differently fail with an error naming both instead
     /// of exchanging mismatched pieces.
     pub algo: u8,
+    /// The tag of a send/recv (0 unless given), otherwise 0. Checked, not matched on:
+    /// a receive takes the peer's sends in posting order, and one tagged otherwise
+    /// fails naming both tags.
+    pub tag: u32,
 }
 
 /// Bit of [`CallSig::algo`] set when the call runs in reproducible mode.
@@ -310,7 +319,13 @@ impl CallSig {
             root: if op.rooted() || matches!(op, OpKind::Send | OpKind::Recv) { root } else { 0 },
             reduce_op: if op.reduces() { reduce_op } else { ReduceOp::Sum },
             algo: 0,
+            tag: 0,
         }
+    }
+
+    /// This send/recv signature carrying `tag` (other ops carry none: unchanged).
+    pub fn with_tag(self, tag: u32) -> CallSig {
+        CallSig { tag: if self.op.point_to_point() { tag } else { 0 }, ..self }
     }
 
     /// This signature running `algorithm`.
@@ -327,10 +342,14 @@ impl CallSig {
     }
 
     /// Whether a frame sent under `theirs` is what a call `self` expects. A send
-    /// matches a receive with the same dtype and count.
+    /// matches a receive with the same dtype, count and tag.
     pub fn matches(&self, theirs: &CallSig) -> bool {
         match (self.op, theirs.op) {
-            (OpKind::Recv, OpKind::Send) => self.dtype == theirs.dtype && self.count == theirs.count,
+            (OpKind::Recv, OpKind::Send) => {
+                self.dtype == theirs.dtype && self.count == theirs.count && self.tag == theirs.tag
+            }
+            // A send/recv's peer is not on the wire (it is the rank reading the frame).
+            _ if self.op.point_to_point() => CallSig { root: 0, ..*self } == CallSig { root: 0, ..*theirs },
             _ => self == theirs,
         }
     }
@@ -342,8 +361,8 @@ impl fmt::Display for CallSig {
         if self.op.rooted() {
             write!(f, ", root={}", self.root)?;
         }
-        if matches!(self.op, OpKind::Send | OpKind::Recv) {
-            write!(f, ", peer={}", self.root)?;
+        if self.op.point_to_point() {
+            write!(f, ", peer={}, tag={}", self.root, self.tag)?;
         }
         if self.op.reduces() {
             write!(f, ", op={}", self.reduce_op)?;

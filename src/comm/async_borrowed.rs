@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::calls::Core;
-use super::{Communicator, Work};
+use super::{Communicator, P2p, Work};
 use crate::error::Result;
 use crate::types::{CallSig, DType, Element, OpKind, ReduceOp};
 
@@ -409,6 +409,41 @@ impl<'scope> Scope<'scope, '_> {
         let out = (buf.as_mut_ptr() as *mut u8, buf.len());
         let ranges = Ranges { input: None, output: (out.0, std::mem::size_of_val(buf)) };
         self.issue(sig, ranges, out, slice_back::<T>)
+    }
+
+    /// [`Communicator::batch_p2p`], asynchronously: every send and receive of `ops`
+    /// posted together. The buffers stay borrowed for the whole scope (a group
+    /// writes many, of any types): read what it received after the scope returns.
+    ///
+    /// ```
+    /// use braid::{Communicator, P2p};
+    /// let comms = Communicator::in_process(2)?;
+    /// std::thread::scope(|s| {
+    ///     for c in &comms {
+    ///         s.spawn(move || -> braid::Result<()> {
+    ///             let other = 1 - c.rank();
+    ///             let (mine, mut theirs) = (vec![c.rank() as i64; 1000], vec![0i64; 1000]);
+    ///             c.scope(|s| {
+    ///                 let group = s.batch_p2p(vec![P2p::recv(&mut theirs, other), P2p::send(&mine, other)]);
+    ///                 // ... compute while the messages move ...
+    ///                 group.wait()
+    ///             })?;
+    ///             assert!(theirs.iter().all(|v| *v == other as i64));
+    ///             Ok(())
+    ///         });
+    ///     }
+    /// });
+    /// # Ok::<(), braid::Error>(())
+    /// ```
+    pub fn batch_p2p(&'scope self, ops: Vec<P2p<'scope>>) -> ScopedWork<'scope, ()> {
+        // Checked (or refused) now, before the buffers reach the worker.
+        let group = self.comm.core.check_group(&ops);
+        let call = self.in_flight.enter();
+        let work = self.comm.spawn(move |core: &Core, ticket| {
+            let _call = call;
+            core.group_at(ticket, group)
+        });
+        ScopedWork { work: Some(work), lent: nothing(), hand_back: unit_back, spent: false, scope: PhantomData }
     }
 
     /// Send/recv carry the peer where collectives carry the root (checked by `p2p_at`).

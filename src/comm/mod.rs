@@ -31,6 +31,7 @@ mod device_calls;
 mod engine;
 mod panic_note;
 mod rooted_raw;
+mod p2p_group;
 mod split;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -42,6 +43,7 @@ use std::thread::JoinHandle;
 
 pub use async_borrowed::{Scope, ScopedWork};
 pub use builder::CommunicatorBuilder;
+pub use p2p_group::P2p;
 
 use crate::algorithm::{Algorithm, Schedule};
 use crate::bootstrap::Store;

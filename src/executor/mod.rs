@@ -39,6 +39,7 @@ use crate::reduce;
 
 mod call_maps;
 pub mod channel;
+pub mod group;
 pub mod peer_copy;
 pub mod staged;
 pub mod stream;

@@ -180,7 +180,8 @@ struct Bounced {
 fn mirror(call: &CallInfo) -> Option<CallInfo> {
     (call.sig.op == OpKind::Send).then(|| CallInfo {
         ctx: call.ctx.clone(),
-        sig: CallSig::new(OpKind::Recv, call.sig.dtype, call.sig.count, call.ctx.rank as u32, call.sig.reduce_op),
+        sig: CallSig::new(OpKind::Recv, call.sig.dtype, call.sig.count, call.ctx.rank as u32, call.sig.reduce_op)
+            .with_tag(call.sig.tag),
         send_seq: call.send_seq,
         recv_seq: call.recv_seq,
         comm_id: call.comm_id,

@@ -8,13 +8,13 @@ use std::io;
 
 use super::single_copy::{pull_from_peer, SingleCopy, DESC_FIXED, DESC_MAX};
 use super::{CallInfo, Gone, InMsg, Rx, StreamChannel, MAX_REASON, REDUCE_GRAIN, SEGMENT_BYTES};
-use crate::error::{Error, Result};
+use crate::error::{Error, OpContext, Result};
 use crate::executor::peer_error;
 use crate::executor::wait_chain::{check_reply_len, MAX_LISTED};
 use crate::frame::{padding, FrameKind, Header, HEADER_LEN, PAYLOAD_ALIGN};
 use crate::reduce;
 use crate::transport::Link;
-use crate::types::{DType, ReduceOp};
+use crate::types::{CallSig, DType, ReduceOp};
 
 /// Reduce what has arrived of a receive-reduce segment, in grains, so reduction
 /// overlaps the rest of the transfer.
@@ -312,7 +312,7 @@ fn take_whole_frame(ch: &mut StreamChannel, peer: usize, gates: &mut [usize], ca
     if h.kind != FrameKind::Data {
         return Ok(Whole::NotHere);
     }
-    check_header(&h, m.len, peer, call)?;
+    check_header(&h, (m.seq, m.sig), m.len, peer, call)?;
     let payload = &s[HEADER_LEN..HEADER_LEN + m.len];
     match m.src {
         // A small receive-reduce combines straight out of the link, like the
@@ -363,7 +363,7 @@ fn receive_payload(
         // A rendezvous payload is a descriptor of DESC_FIXED..=DESC_MAX bytes.
         let wire_len =
             if h.kind == FrameKind::Rendezvous { (h.len as usize).clamp(DESC_FIXED, DESC_MAX) } else { m.len };
-        check_header(h, wire_len, peer, call)?;
+        check_header(h, (m.seq, m.sig), wire_len, peer, call)?;
         if h.kind == FrameKind::Rendezvous && ch.single_copy == SingleCopy::Never {
             let detail = "rendezvous frame on a link that cannot read peer memory".to_string();
             return Err(Error::Protocol { ctx: call.ctx.clone(), peer, detail });
@@ -452,7 +452,9 @@ fn after_payload(h: &Header) -> Rx {
     }
 }
 
-fn check_header(h: &Header, want_len: usize, peer: usize, call: &CallInfo) -> Result<()> {
+/// Check frame `h` against the call and the receive it is for (which expects
+/// sequence number and signature `want`, and a payload of `want_len` bytes).
+fn check_header(h: &Header, want: (u64, CallSig), want_len: usize, peer: usize, call: &CallInfo) -> Result<()> {
     if h.comm_id != call.comm_id || h.epoch != call.epoch {
         return Err(Error::Protocol {
             ctx: call.ctx.clone(),
@@ -463,8 +465,15 @@ fn check_header(h: &Header, want_len: usize, peer: usize, call: &CallInfo) -> Re
             ),
         });
     }
-    if h.seq != call.recv_seq || !call.sig.matches(&h.sig) {
-        return Err(Error::Mismatch { ctx: call.ctx.clone(), peer, ours: call.sig, theirs: h.sig, their_seq: h.seq });
+    let (seq, ours) = want;
+    if h.seq != seq || !ours.matches(&h.sig) {
+        let mut theirs = h.sig;
+        if theirs.op.point_to_point() {
+            // A send names the rank it goes to, which is this one (not on the wire).
+            theirs.root = call.ctx.rank as u32;
+        }
+        let ctx = OpContext { seq, call: Some(ours), ..call.ctx.clone() };
+        return Err(Error::Mismatch { ctx, peer, ours, theirs, their_seq: h.seq });
     }
     if h.len as usize != want_len {
         return Err(Error::Protocol {

@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::frame::{FrameKind, Header, HEADER_LEN};
 use crate::registered::SegmentCache;
 use crate::transport::{Link, TransportKind};
-use crate::types::{DType, ReduceOp};
+use crate::types::{CallSig, DType, ReduceOp};
 
 mod inbound;
 mod outbound;
@@ -263,6 +263,9 @@ impl PeerChannel for StreamChannel {
             // SAFETY: off + len <= dst.len (== the operand's length), inside the
             // regions the executor bounds-checked.
             let mut m = InMsg::new(unsafe { base.add(off) }, s.map(|s| unsafe { s.add(off) }), len, dtype, op);
+            // What its frames must say, fixed now: a group posts receives of several
+            // messages (each its own sequence number and signature) in one call.
+            (m.seq, m.sig) = (call.recv_seq, call.sig);
             m.stream = reduce.is_none() && dst.len >= STREAM_RECV_BYTES;
             if let Some(gates) = forward.as_deref_mut() {
                 m.feeds = Some(gates.len());
@@ -427,6 +430,9 @@ struct InMsg {
     desc_got: usize,
     /// The gate this receive-reduce opens for its forward.
     feeds: Option<usize>,
+    /// The sequence number and signature the frames of this receive must carry.
+    seq: u64,
+    sig: CallSig,
 }
 
 impl InMsg {
@@ -446,6 +452,8 @@ impl InMsg {
             desc: [0; DESC_MAX],
             desc_got: 0,
             feeds: None,
+            seq: 0,
+            sig: CallSig::new(crate::types::OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum),
         }
     }
 }
