@@ -310,6 +310,7 @@ enum braid_result braid_barrier(struct braid_comm *comm);
  * Send `count` elements of `buf` to rank `peer`, matched by that rank's
  * `braid_recv` with the same count and dtype. Point-to-point calls take their
  * place in the rank's order of calls, as collectives do.
+ * Between `braid_group_start` and `braid_group_end` it only queues the message.
  *
  * # Safety
  * `comm` is NULL or a live handle; `buf` is NULL or valid for reading `count` elements.
@@ -322,6 +323,7 @@ enum braid_result braid_send(const void *buf,
 
 /**
  * Receive `count` elements from rank `peer` into `buf` (matching its `braid_send`).
+ * Between `braid_group_start` and `braid_group_end` it only queues the message.
  *
  * # Safety
  * `comm` is NULL or a live handle; `buf` is NULL or valid for writing `count` elements.
@@ -568,6 +570,53 @@ enum braid_result braid_comm_rank(const struct braid_comm *comm, int *rank);
  * `comm` is NULL or a live handle; `size` is NULL or valid for writing an int.
  */
 enum braid_result braid_comm_size(const struct braid_comm *comm, int *size);
+
+/**
+ * Open a group on this thread (or nest one inside the open group): until the
+ * matching `braid_group_end`, sends and receives are queued, not run.
+ */
+enum braid_result braid_group_start(void);
+
+/**
+ * End the group `braid_group_start` opened. The outermost end posts every
+ * queued message together (each communicator's in one call, all communicators
+ * at once) and returns when all have completed, with the first failure if any.
+ * If a call of the group failed, or the group is refused (a message to this
+ * rank, a receive overlapping another message's buffer), nothing of it runs.
+ */
+enum braid_result braid_group_end(void);
+
+/**
+ * `braid_send` with a tag, which the receive it pairs with must carry too. Tags
+ * are checked, not used to choose: a receive pairs with the peer's sends to this
+ * rank in posting order (unlike MPI), and a receive whose tag differs fails with
+ * `BRAID_ERR_MISMATCH` naming both tags (the sender's call, or its next one,
+ * fails too). `braid_send` and `braid_recv` carry tag 0. Host buffers.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `buf` is NULL or valid for reading `count`
+ * elements (inside a group: until `braid_group_end` returns).
+ */
+enum braid_result braid_send_tagged(const void *buf,
+                                    size_t count,
+                                    braid_dtype dtype,
+                                    int peer,
+                                    uint32_t tag,
+                                    struct braid_comm *comm);
+
+/**
+ * `braid_recv` with a tag: see `braid_send_tagged`.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `buf` is NULL or valid for writing `count`
+ * elements (inside a group: until `braid_group_end` returns).
+ */
+enum braid_result braid_recv_tagged(void *buf,
+                                    size_t count,
+                                    braid_dtype dtype,
+                                    int peer,
+                                    uint32_t tag,
+                                    struct braid_comm *comm);
 
 /**
  * Sets which of braid's log lines reach stderr, as `BRAID_DEBUG` does (which this

@@ -60,6 +60,28 @@ impl CCall {
     }
 }
 
+impl CCall {
+    /// Inside a group (`braid_group_start`): the message this send or receive
+    /// queues; anything else is refused.
+    ///
+    /// # Safety
+    /// The buffer is valid as the header documents, until the group ends.
+    unsafe fn message(self, c: &Communicator, asynchronous: bool) -> Res<braid::P2p<'static>> {
+        let (send, buf, n, d, peer) = match self {
+            _ if asynchronous => return Err(crate::Fail::invalid(GROUP_ONLY_P2P)),
+            Call::Send(b, n, d, p) => (true, b as *mut c_void, n, d, p),
+            Call::Recv(b, n, d, p) => (false, b, n, d, p),
+            _ => return Err(crate::Fail::invalid(GROUP_ONLY_P2P)),
+        };
+        // SAFETY: the caller's promise.
+        unsafe { crate::group::message(c, send, (buf, n, dtype_of(d)?), peer, 0) }
+    }
+}
+
+/// Why a call is refused between `braid_group_start` and `braid_group_end`.
+const GROUP_ONLY_P2P: &str = "only braid_send, braid_recv and their _tagged forms may be called between \
+                              braid_group_start and braid_group_end (end the group first)";
+
 impl Call<DType, ReduceOp, usize> {
     /// Run on the calling thread.
     ///
@@ -124,6 +146,11 @@ pub(crate) unsafe fn issue(
         if let Some(out) = work {
             // SAFETY: the caller's promise on `work`.
             unsafe { put(out, "work", std::ptr::null_mut())? };
+        }
+        if crate::group::open() {
+            // SAFETY: the caller's promises on `comm` and the buffers.
+            let op = unsafe { live(comm) }.and_then(|c| unsafe { call.message(c, work.is_some()) });
+            return crate::group::queue(name, comm, op);
         }
         // SAFETY: the caller's promise on `comm`.
         let c = unsafe { live(comm)? };
@@ -271,6 +298,7 @@ pub unsafe extern "C" fn braid_barrier(comm: *mut braid_comm) -> braid_result {
 /// Send `count` elements of `buf` to rank `peer`, matched by that rank's
 /// `braid_recv` with the same count and dtype. Point-to-point calls take their
 /// place in the rank's order of calls, as collectives do.
+/// Between `braid_group_start` and `braid_group_end` it only queues the message.
 ///
 /// # Safety
 /// `comm` is NULL or a live handle; `buf` is NULL or valid for reading `count` elements.
@@ -287,6 +315,7 @@ pub unsafe extern "C" fn braid_send(
 }
 
 /// Receive `count` elements from rank `peer` into `buf` (matching its `braid_send`).
+/// Between `braid_group_start` and `braid_group_end` it only queues the message.
 ///
 /// # Safety
 /// `comm` is NULL or a live handle; `buf` is NULL or valid for writing `count` elements.

@@ -5,7 +5,8 @@
 //! `BRAID_ERR_INTERNAL`, never an unwind into C), checks its pointers, enum values,
 //! roots, peers and sizes, and leaves a message for [`braid_last_error`] when it
 //! fails. Files: `lib.rs` codes, errors and argument checks; `comm.rs` communicators;
-//! `collectives.rs` the blocking and async collectives; `work.rs` work handles;
+//! `collectives.rs` the blocking and async collectives; `group.rs` grouped and
+//! tagged send/recv (`braid_group_start`/`end`); `work.rs` work handles;
 //! `log.rs` the log subscriber (`BRAID_DEBUG`, `braid_set_log_level`,
 //! `braid_set_log_callback`).
 
@@ -19,12 +20,14 @@ use braid::{Communicator, DType, Error, ReduceOp};
 
 mod collectives;
 mod comm;
+mod group;
 mod log;
 mod rooted;
 mod work;
 
 pub use collectives::*;
 pub use comm::*;
+pub use group::*;
 pub use log::*;
 pub use work::*;
 

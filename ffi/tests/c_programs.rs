@@ -188,6 +188,16 @@ fn split_runs_two_halves_of_four_ranks_built_with_pkg_config() {
     run_ranks(&prog, 4);
 }
 
+/// Issue 34: braid_group_start/end around sends and receives (a ring of 16 MiB
+/// messages posted send-first, an exchange with every rank in nested groups with
+/// tags), bad groups refused before anything runs, and a tag mismatch failing on
+/// both ranks naming both tags; on 4 ranks.
+#[test]
+fn grouped_and_tagged_send_recv_from_c() {
+    let prog = compile("gcc", "p2p_group.c", "p2p_group", &shared("-std=c11"));
+    run_ranks(&prog, 4);
+}
+
 #[test]
 fn the_header_compiles_and_links_as_cpp() {
     let prog = compile("g++", "header.cpp", "header_cpp", &shared("-std=c++17"));

@@ -61,8 +61,8 @@ impl<'a> P2p<'a> {
     /// `buf` is valid for reading `count` elements and not written until the
     /// group that takes this message has returned.
     pub unsafe fn send_raw(buf: *const u8, count: usize, dtype: DType, peer: usize) -> Result<P2p<'a>> {
-        let len = raw_bytes(buf, count, dtype)?;
-        Ok(P2p { op: OpKind::Send, ptr: buf as *mut u8, len, dtype, peer, tag: 0, buf: PhantomData })
+        let (ptr, len) = raw_bytes(buf as *mut u8, count, dtype)?;
+        Ok(P2p { op: OpKind::Send, ptr, len, dtype, peer, tag: 0, buf: PhantomData })
     }
 
     /// Receive `count` elements of `dtype` from `peer` into `buf` (the C ABI's form).
@@ -72,8 +72,8 @@ impl<'a> P2p<'a> {
     /// the group that takes this message has returned (a group refuses receives
     /// that overlap its other messages).
     pub unsafe fn recv_raw(buf: *mut u8, count: usize, dtype: DType, peer: usize) -> Result<P2p<'a>> {
-        let len = raw_bytes(buf, count, dtype)?;
-        Ok(P2p { op: OpKind::Recv, ptr: buf, len, dtype, peer, tag: 0, buf: PhantomData })
+        let (ptr, len) = raw_bytes(buf, count, dtype)?;
+        Ok(P2p { op: OpKind::Recv, ptr, len, dtype, peer, tag: 0, buf: PhantomData })
     }
 
     /// This message with `tag` (default 0), which the peer's matching call must carry too.
@@ -89,8 +89,9 @@ impl<'a> P2p<'a> {
     }
 }
 
-/// The byte length of `count` elements of `dtype` at `buf`, checked.
-fn raw_bytes(buf: *const u8, count: usize, dtype: DType) -> Result<usize> {
+/// The start and byte length of `count` elements of `dtype` at `buf`, checked; an
+/// empty message at NULL gets a dangling start, as an empty slice has.
+fn raw_bytes(buf: *mut u8, count: usize, dtype: DType) -> Result<(*mut u8, usize)> {
     let len = count
         .checked_mul(dtype.size())
         .filter(|&b| b <= isize::MAX as usize)
@@ -98,8 +99,7 @@ fn raw_bytes(buf: *const u8, count: usize, dtype: DType) -> Result<usize> {
     if buf.is_null() && len > 0 {
         return Err(Error::InvalidArgument("a message's buffer is NULL".into()));
     }
-    // An empty message has no memory; any non-null address stands for it.
-    Ok(len)
+    Ok((if buf.is_null() { std::ptr::NonNull::dangling().as_ptr() } else { buf }, len))
 }
 
 /// A checked group, as the worker runs it.
