@@ -202,11 +202,17 @@ pub enum OpKind {
     Gather = 9,
     /// Scatter a root's blocks, block `j` to rank `j`.
     Scatter = 10,
+    /// All-gather of blocks whose sizes differ by rank (MPI_Allgatherv).
+    AllGatherV = 11,
+    /// Reduce-scatter into blocks whose sizes differ by rank (MPI_Reduce_scatter).
+    ReduceScatterV = 12,
+    /// All-to-all with a size per pair of ranks (MPI_Alltoallv).
+    AllToAllV = 13,
 }
 
 impl OpKind {
     /// Every op kind, in wire-code order.
-    pub const ALL: [OpKind; 11] = [
+    pub const ALL: [OpKind; 14] = [
         OpKind::AllReduce,
         OpKind::Broadcast,
         OpKind::AllGather,
@@ -218,6 +224,9 @@ impl OpKind {
         OpKind::Recv,
         OpKind::Gather,
         OpKind::Scatter,
+        OpKind::AllGatherV,
+        OpKind::ReduceScatterV,
+        OpKind::AllToAllV,
     ];
 
     /// Hyphenated name as used by the CLI (`all-reduce`, ...).
@@ -234,6 +243,9 @@ impl OpKind {
             OpKind::Recv => "recv",
             OpKind::Gather => "gather",
             OpKind::Scatter => "scatter",
+            OpKind::AllGatherV => "all-gather-v",
+            OpKind::ReduceScatterV => "reduce-scatter-v",
+            OpKind::AllToAllV => "all-to-all-v",
         }
     }
 
@@ -244,7 +256,12 @@ impl OpKind {
 
     /// Whether the op reduces data (and so carries a reduce op in its signature).
     pub const fn reduces(self) -> bool {
-        matches!(self, OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce)
+        matches!(self, OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce | OpKind::ReduceScatterV)
+    }
+
+    /// Whether each rank's block has its own size (the `*v` collectives).
+    pub const fn varies(self) -> bool {
+        matches!(self, OpKind::AllGatherV | OpKind::ReduceScatterV | OpKind::AllToAllV)
     }
 
     /// Whether the op is a send or a receive (it has a peer and a tag).
@@ -273,7 +290,7 @@ impl FromStr for OpKind {
             .copied()
             .find(|o| o.name().replace('-', "") == norm)
             .ok_or_else(|| {
-                format!("unknown op `{s}` (expected all-reduce, all-gather, reduce-scatter, broadcast, reduce, gather, scatter, all-to-all or barrier)")
+                format!("unknown op `{s}` (expected all-reduce, all-gather, reduce-scatter, broadcast, reduce, gather, scatter, all-to-all, barrier, all-gather-v, reduce-scatter-v or all-to-all-v)")
             })
     }
 }
@@ -288,7 +305,9 @@ pub struct CallSig {
     pub dtype: DType,
     /// Element count per rank as defined by the op (all-reduce: buffer length;
     /// all-gather: input length; reduce-scatter: output length; all-to-all: per-peer block;
-    /// gather, scatter: one rank's block).
+    /// gather, scatter: one rank's block; all-gather-v, reduce-scatter-v: the sum of
+    /// every rank's block, which all ranks share; all-to-all-v: 0, since each rank's
+    /// totals are its own: each received block's length is checked instead).
     pub count: u64,
     /// Root rank for rooted ops, peer rank for send/recv, otherwise 0.
     pub root: u32,

@@ -134,6 +134,7 @@ mod tests {
             root: 0,
             algorithm: Some(alg),
             hosts: &[],
+            blocks: None,
         };
         plan(&req).unwrap()
     }

@@ -59,7 +59,7 @@ pub fn check_on(
     if world == 0 {
         return Err(format!("{op}: world size must be at least 1"));
     }
-    let req = PlanRequest { op, rank: 0, world, count, elem_size, root, algorithm, hosts };
+    let req = PlanRequest { op, rank: 0, world, count, elem_size, root, algorithm, hosts, blocks: None };
     let schedules = plan_ranks(&req, params).map_err(|e| format!("{op} world={world} {e}"))?;
     let ordered = params.deterministic && super::ordered::applies(op);
     check_schedules_with(op, count, elem_size, root, &schedules, ordered)
@@ -335,6 +335,7 @@ impl Checker<'_> {
             root: self.root,
             algorithm: Some(self.alg),
             hosts: &[],
+            blocks: None,
         }
     }
 

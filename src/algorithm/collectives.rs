@@ -3,7 +3,9 @@
 //! chunking and a schedule builder that keeps the invariants the executor and the
 //! checker rely on).
 
-use super::{bruck, chain, dbtree, direct, gather, halving_doubling, hierarchical, ordered, pairwise, ring, tree};
+use super::{
+    bruck, chain, dbtree, direct, gather, halving_doubling, hierarchical, ordered, pairwise, ring, tree, vblocks,
+};
 use super::{Algorithm, PlanParams, PlanRequest, Region, Round, Schedule, Step};
 use crate::types::OpKind;
 
@@ -48,8 +50,18 @@ pub fn default_algorithm(req: &PlanRequest<'_>, params: &PlanParams) -> Result<A
                 Algorithm::Tree
             }
         }
+        // The blocks' sizes are the caller's; the total prices them as all-gather's.
+        OpKind::AllGatherV | OpKind::ReduceScatterV => {
+            let per_rank = bytes / req.world.max(1);
+            if per_rank.saturating_mul(req.world - 1) <= params.direct_max_bytes && req.world <= params.direct_max_world
+            {
+                Algorithm::Direct
+            } else {
+                Algorithm::Ring
+            }
+        }
         OpKind::Barrier => Algorithm::Dissemination,
-        OpKind::AllToAll => Algorithm::Pairwise,
+        OpKind::AllToAll | OpKind::AllToAllV => Algorithm::Pairwise,
         OpKind::Send | OpKind::Recv => {
             return Err(format!("{} is point-to-point and has no collective schedule", req.op))
         }
@@ -86,6 +98,11 @@ pub(crate) fn plan(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Schedul
     // Buffer sizes must be representable; everything below multiplies freely.
     if req.count.checked_mul(req.elem_size).and_then(|b| b.checked_mul(req.world.max(2))).is_none() {
         return Err(format!("{}: count {} x {} bytes overflows", req.op, req.count, req.elem_size));
+    }
+    if req.op.varies() {
+        if let Some(why) = vblocks::invalid(req) {
+            return Err(why);
+        }
     }
     let alg = match req.algorithm {
         Some(a) => a,
@@ -130,6 +147,11 @@ pub(crate) fn plan(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Schedul
         (OpKind::Scatter, Algorithm::Direct) => Ok(gather::scatter_direct(req)),
         (OpKind::Gather, Algorithm::Tree) => Ok(gather::gather_tree(req)),
         (OpKind::Scatter, Algorithm::Tree) => Ok(gather::scatter_tree(req)),
+        (OpKind::AllGatherV, Algorithm::Ring) => Ok(vblocks::all_gather_ring(req)),
+        (OpKind::AllGatherV, Algorithm::Direct) => Ok(vblocks::all_gather_direct(req)),
+        (OpKind::ReduceScatterV, Algorithm::Ring) => Ok(vblocks::reduce_scatter_ring(req)),
+        (OpKind::ReduceScatterV, Algorithm::Direct) => Ok(vblocks::reduce_scatter_direct(req)),
+        (OpKind::AllToAllV, Algorithm::Pairwise) => Ok(vblocks::all_to_all_pairwise(req)),
         _ => unsupported(),
     }
 }

@@ -207,6 +207,7 @@ mod tests {
             root: 0,
             algorithm: Some(Algorithm::Tree),
             hosts: &[],
+            blocks: None,
         };
         plan_with(&req, p).unwrap()
     }

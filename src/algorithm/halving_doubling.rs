@@ -291,7 +291,17 @@ mod tests {
     }
 
     fn plan_rank(op: OpKind, alg: Algorithm, world: usize, rank: usize, count: usize) -> Schedule {
-        let req = PlanRequest { op, rank, world, count, elem_size: 4, root: 0, algorithm: Some(alg), hosts: &[] };
+        let req = PlanRequest {
+            op,
+            rank,
+            world,
+            count,
+            elem_size: 4,
+            root: 0,
+            algorithm: Some(alg),
+            hosts: &[],
+            blocks: None,
+        };
         plan(&req).unwrap()
     }
 

@@ -538,7 +538,8 @@ mod tests {
 
     fn schedules(op: OpKind, hosts: &[usize], count: usize, root: usize, p: &PlanParams) -> Vec<Schedule> {
         let algorithm = Some(Algorithm::Hierarchical);
-        let req = PlanRequest { op, rank: 0, world: hosts.len(), count, elem_size: 4, root, algorithm, hosts };
+        let req =
+            PlanRequest { op, rank: 0, world: hosts.len(), count, elem_size: 4, root, algorithm, hosts, blocks: None };
         plan_ranks(&req, p).unwrap()
     }
 
@@ -603,6 +604,7 @@ mod tests {
             root: 0,
             algorithm,
             hosts: &[],
+            blocks: None,
         };
         let flat = plan_ranks(&req, &p).unwrap();
         for x in cross_bytes(&flat, &interleaved) {
@@ -695,6 +697,7 @@ mod tests {
                             root,
                             algorithm: Some(Algorithm::Chain),
                             hosts: &hosts,
+                            blocks: None,
                         };
                         let mut chain = plan_with(&req, &p).unwrap();
                         chain.algorithm = Algorithm::Hierarchical;
@@ -722,6 +725,7 @@ mod tests {
                             root: 0,
                             algorithm: Some(Algorithm::Ring),
                             hosts: &hosts,
+                            blocks: None,
                         };
                         let mut ring = plan_with(&req, &p).unwrap();
                         ring.algorithm = Algorithm::Hierarchical;

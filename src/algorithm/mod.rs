@@ -26,6 +26,8 @@ mod ring;
 #[cfg(test)]
 mod tests;
 mod tree;
+mod vblocks;
+pub(crate) use vblocks::invalid as vblocks_invalid;
 
 pub use collectives::default_algorithm;
 
@@ -237,6 +239,36 @@ impl FromStr for Algorithm {
     }
 }
 
+/// The blocks of a `*v` collective, in elements, one entry per rank: block `j`
+/// is `counts[j]` elements from element `displs[j]` of its buffer (MPI's counts
+/// and displacements; the schedule reads and writes them in place, no packing).
+///
+/// - all-gather-v: `recv` is rank `j`'s block in Output (every rank passes the same
+///   counts); this rank's Input is `recv_counts[rank]` elements; `send` is empty.
+/// - reduce-scatter-v: `send` is the block reduced onto rank `j`, in Input (every
+///   rank passes the same counts); Output is `send_counts[rank]`; `recv` is empty.
+/// - all-to-all-v: `send` is the block for rank `j`, `recv` the block from rank
+///   `j`; this rank's own, as MPI's: `recv_counts[j]` here must equal rank `j`'s
+///   `send_counts[rank]` (each received frame's length is checked against it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VBlocks<'a> {
+    /// Elements of each Input block.
+    pub send_counts: &'a [usize],
+    /// Element offset of each Input block.
+    pub send_displs: &'a [usize],
+    /// Elements of each Output block.
+    pub recv_counts: &'a [usize],
+    /// Element offset of each Output block.
+    pub recv_displs: &'a [usize],
+}
+
+impl VBlocks<'_> {
+    /// Elements a buffer needs to hold every block: the furthest block end.
+    pub fn extent(counts: &[usize], displs: &[usize]) -> Option<usize> {
+        counts.iter().zip(displs).try_fold(0usize, |m, (&c, &d)| Some(m.max(d.checked_add(c)?)))
+    }
+}
+
 /// What to plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanRequest<'a> {
@@ -259,6 +291,9 @@ pub struct PlanRequest<'a> {
     /// one host. Planners that ignore it are still correct; rings and hierarchical
     /// planners use it to keep traffic inside hosts.
     pub hosts: &'a [usize],
+    /// The per-rank blocks of a `*v` collective ([`OpKind::varies`]); `None` for
+    /// every other op.
+    pub blocks: Option<VBlocks<'a>>,
 }
 
 impl PlanRequest<'_> {
@@ -289,7 +324,12 @@ impl PlanRequest<'_> {
     /// Bytes of the `Input` buffer this op expects on this rank.
     pub fn input_bytes(&self) -> usize {
         let c = self.count * self.elem_size;
+        let b = self.blocks.unwrap_or_default();
         match self.op {
+            OpKind::AllGatherV => b.recv_counts.get(self.rank).copied().unwrap_or(0) * self.elem_size,
+            OpKind::ReduceScatterV | OpKind::AllToAllV => {
+                VBlocks::extent(b.send_counts, b.send_displs).unwrap_or(0) * self.elem_size
+            }
             OpKind::ReduceScatter | OpKind::AllToAll => c * self.world,
             // Only the root's blocks are scattered: other ranks have no input.
             OpKind::Scatter if self.rank == self.root => c * self.world,
@@ -300,7 +340,12 @@ impl PlanRequest<'_> {
     /// Bytes of the `Output` buffer this op expects on this rank.
     pub fn output_bytes(&self) -> usize {
         let c = self.count * self.elem_size;
+        let b = self.blocks.unwrap_or_default();
         match self.op {
+            OpKind::ReduceScatterV => b.send_counts.get(self.rank).copied().unwrap_or(0) * self.elem_size,
+            OpKind::AllGatherV | OpKind::AllToAllV => {
+                VBlocks::extent(b.recv_counts, b.recv_displs).unwrap_or(0) * self.elem_size
+            }
             OpKind::AllGather | OpKind::AllToAll => c * self.world,
             // Only the root gathers: other ranks have no output.
             OpKind::Gather if self.rank == self.root => c * self.world,
@@ -373,6 +418,8 @@ pub fn algorithms_for(op: OpKind) -> &'static [Algorithm] {
         OpKind::Barrier => &[Algorithm::Dissemination],
         OpKind::AllToAll => &[Algorithm::Pairwise],
         OpKind::Gather | OpKind::Scatter => &[Algorithm::Direct, Algorithm::Tree],
+        OpKind::AllGatherV | OpKind::ReduceScatterV => &[Algorithm::Ring, Algorithm::Direct],
+        OpKind::AllToAllV => &[Algorithm::Pairwise],
         OpKind::Send | OpKind::Recv => &[],
     }
 }

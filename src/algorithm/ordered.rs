@@ -172,6 +172,7 @@ mod tests {
             root: 0,
             algorithm: Some(Algorithm::Ring),
             hosts: &hosts,
+            blocks: None,
         };
         let scheds = plan_ranks(&req, &PlanParams::default()).unwrap();
         check_schedules_with(OpKind::AllReduce, 6, 4, 0, &scheds, false).unwrap();

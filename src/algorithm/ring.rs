@@ -33,14 +33,14 @@ impl<'a> Ring<'a> {
     fn len(&self) -> usize {
         self.ranks.len()
     }
-    fn right(&self) -> usize {
+    pub(super) fn right(&self) -> usize {
         self.ranks[(self.pos + 1) % self.len()]
     }
-    fn left(&self) -> usize {
+    pub(super) fn left(&self) -> usize {
         self.ranks[(self.pos + self.len() - 1) % self.len()]
     }
     /// Segment `(pos + shift - back) % n`: the ring walks segments backwards.
-    fn seg(&self, shift: usize, back: usize) -> usize {
+    pub(super) fn seg(&self, shift: usize, back: usize) -> usize {
         let n = self.len();
         (self.pos + shift % n + 2 * n - back % (2 * n)) % n
     }
@@ -271,6 +271,7 @@ mod tests {
                 root: 0,
                 algorithm: Some(Algorithm::Ring),
                 hosts,
+                blocks: None,
             };
             for step in plan(&req).unwrap().rounds.iter().flat_map(|r| &r.steps) {
                 let to = match *step {
@@ -384,6 +385,7 @@ mod tests {
                             root: 0,
                             algorithm: Some(Algorithm::Ring),
                             hosts: &zeros,
+                            blocks: None,
                         };
                         let ar = req(OpKind::AllReduce);
                         assert_eq!(all_reduce(&ar), old_all_reduce(&ar), "n={n} count={count} rank={rank}");

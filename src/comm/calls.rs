@@ -25,7 +25,7 @@ struct Prepared {
 }
 
 impl Core {
-    fn arg(&self, msg: String) -> Error {
+    pub(super) fn arg(&self, msg: String) -> Error {
         Error::InvalidArgument(format!("rank {}: {msg}", self.rank))
     }
 
@@ -49,6 +49,12 @@ impl Core {
         if matches!(sig.op, OpKind::Send | OpKind::Recv) {
             return Err(self.arg("use send/recv for point-to-point calls".into()));
         }
+        if sig.op.varies() {
+            return Err(self.arg(format!(
+                "{} takes per-rank counts: call all_gather_v, reduce_scatter_v or all_to_all_v",
+                sig.op
+            )));
+        }
         if sig.op.rooted() {
             self.check_rank("root", sig.root as usize)?;
         }
@@ -67,6 +73,7 @@ impl Core {
             root: sig.root as usize,
             algorithm: None,
             hosts: &[],
+            blocks: None,
         };
         let (in_bytes, out_bytes) = (req.input_bytes(), req.output_bytes());
         let is_root = sig.root as usize == self.rank;

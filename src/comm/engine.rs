@@ -168,6 +168,7 @@ impl Engine {
                     root: key.3,
                     algorithm: Some(algo),
                     hosts: &self.hosts,
+                    blocks: None,
                 };
                 let plan = algorithm::plan_with(&req, &self.tuner.params)
                     .map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?;
@@ -195,7 +196,13 @@ impl Engine {
 
     /// Run one call. On failure the communicator is broken: every peer is told
     /// why (so no rank waits for a deadline) and later calls fail at once.
-    fn run(&mut self, sig: CallSig, schedule: &Schedule, bufs: &mut Buffers, seqs: (u64, u64)) -> Result<()> {
+    pub(super) fn run(
+        &mut self,
+        sig: CallSig,
+        schedule: &Schedule,
+        bufs: &mut Buffers,
+        seqs: (u64, u64),
+    ) -> Result<()> {
         if self.aborted.load(Ordering::Relaxed) {
             self.notice_abort();
             return Err(Error::Aborted { rank: self.rank, call: Some(sig) });
@@ -527,6 +534,7 @@ mod tests {
                     .unwrap(),
             ),
             hosts: &e.hosts,
+            blocks: None,
         };
         algorithm::plan(&req).unwrap()
     }

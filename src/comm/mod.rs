@@ -36,6 +36,7 @@ mod split;
 #[cfg(test)]
 pub(crate) mod tests;
 mod turn;
+mod vcollectives;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};

@@ -63,15 +63,25 @@ pub struct Candidate {
 pub(crate) fn plan_all(call: &Call<'_>, algorithm: Algorithm, params: &PlanParams) -> Result<Vec<Schedule>, String> {
     // One host needs no layout: the planners then take their single-host shapes.
     let hosts: &[usize] = if call.hosts.iter().all(|&h| h == 0) { &[] } else { call.hosts };
+    // A `*v` call is priced as its fixed-size op with the mean block: its sizes
+    // differ by rank, the shape of its rounds does not.
+    let world = call.hosts.len();
+    let (op, count) = match call.op {
+        OpKind::AllGatherV => (OpKind::AllGather, call.count / world.max(1)),
+        OpKind::ReduceScatterV => (OpKind::ReduceScatter, call.count / world.max(1)),
+        OpKind::AllToAllV => (OpKind::AllToAll, call.count / world.max(1)),
+        op => (op, call.count),
+    };
     let req = PlanRequest {
-        op: call.op,
+        op,
         rank: 0,
-        world: call.hosts.len(),
-        count: call.count,
+        world,
+        count,
         elem_size: call.elem_size,
         root: call.root,
         algorithm: Some(algorithm),
         hosts,
+        blocks: None,
     };
     algorithm::plan_ranks(&req, params)
 }
@@ -180,9 +190,14 @@ pub fn bus_factor(op: OpKind, n: usize) -> f64 {
     let n = n.max(1) as f64;
     match op {
         OpKind::AllReduce => 2.0 * (n - 1.0) / n,
-        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll | OpKind::Gather | OpKind::Scatter => {
-            (n - 1.0) / n
-        }
+        OpKind::AllGather
+        | OpKind::ReduceScatter
+        | OpKind::AllToAll
+        | OpKind::Gather
+        | OpKind::Scatter
+        | OpKind::AllGatherV
+        | OpKind::ReduceScatterV
+        | OpKind::AllToAllV => (n - 1.0) / n,
         _ => 1.0,
     }
 }

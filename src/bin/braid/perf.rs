@@ -114,6 +114,9 @@ pub fn parse_op(s: &str) -> Result<OpKind, String> {
         return Ok(OpKind::Send);
     }
     let op: OpKind = s.parse()?;
+    if op.varies() {
+        return Err(format!("braid perf does not time {op}: its blocks' sizes are per rank (time all-gather, reduce-scatter or all-to-all)"));
+    }
     Ok(if op == OpKind::Recv { OpKind::Send } else { op })
 }
 
