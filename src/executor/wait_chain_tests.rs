@@ -169,7 +169,10 @@ fn a_rank_in_a_call_answers_whom_it_waits_for() {
     channels[0].as_mut().unwrap().progress(0, &mut [], &info).unwrap();
     asker_end.progress(1, &mut [], &call(0)).unwrap();
     let reply = asker_end.wait_slot().unwrap().reply.take().expect("rank 1 answered");
-    assert_eq!((reply.waits, reply.seq, reply.sig), (vec![2], 3, info.sig));
+    // A send/recv frame carries its tag where other calls carry the root: the peer
+    // is not on the wire (the answering rank's peers are in `waits`).
+    let on_wire = CallSig { root: 0, ..info.sig };
+    assert_eq!((reply.waits, reply.seq, reply.sig), (vec![2], 3, on_wire));
     for ch in channels.iter_mut().flatten() {
         ch.end_call();
     }
