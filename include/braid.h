@@ -713,6 +713,64 @@ enum braid_result braid_scatter_async(const void *send,
                                       struct braid_work **work);
 
 /**
+ * All-gather-v (MPI_Allgatherv): `recv` receives rank `j`'s `send`
+ * (`recv_counts[j]` elements) at element `displs[j]`; this rank's `send_count`
+ * must equal `recv_counts[rank]`. Every rank passes the same `recv_counts`. In
+ * place (MPI_IN_PLACE): `send == recv`, this rank's block already at `displs[rank]`.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `recv_counts` and `displs` are NULL or valid for
+ * `world_size` entries; `send` is NULL or valid for `send_count` elements and
+ * `recv` for the furthest `displs[j] + recv_counts[j]`, while the call runs.
+ */
+enum braid_result braid_all_gather_v(const void *send,
+                                     size_t send_count,
+                                     void *recv,
+                                     const size_t *recv_counts,
+                                     const size_t *displs,
+                                     braid_dtype dtype,
+                                     struct braid_comm *comm);
+
+/**
+ * Reduce-scatter-v (MPI_Reduce_scatter): `send` holds blocks of `recv_counts[j]`
+ * elements packed in rank order; the reduction with `op` of every rank's `send`
+ * is computed and block `rank` lands in `recv` (`recv_counts[rank]` elements).
+ * Every rank passes the same `recv_counts`. In place (MPI_IN_PLACE): `send ==
+ * recv`, the result left at the start of the buffer.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `recv_counts` is NULL or valid for `world_size`
+ * entries; `send` is NULL or valid for the sum of `recv_counts` elements and
+ * `recv` for `recv_counts[rank]`, while the call runs.
+ */
+enum braid_result braid_reduce_scatter_v(const void *send,
+                                         void *recv,
+                                         const size_t *recv_counts,
+                                         braid_dtype dtype,
+                                         braid_reduce_op op,
+                                         struct braid_comm *comm);
+
+/**
+ * All-to-all-v (MPI_Alltoallv): `send_counts[j]` elements at element
+ * `send_displs[j]` of `send` go to rank `j`; rank `j`'s block arrives in `recv` at
+ * `recv_displs[j]` (`recv_counts[j]` elements, which must equal rank `j`'s
+ * `send_counts[rank]`). No in-place form: the buffers must not overlap.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; the four arrays are NULL or valid for
+ * `world_size` entries; `send` and `recv` are NULL or valid for their furthest
+ * `displs[j] + counts[j]` elements, while the call runs.
+ */
+enum braid_result braid_all_to_all_v(const void *send,
+                                     const size_t *send_counts,
+                                     const size_t *send_displs,
+                                     void *recv,
+                                     const size_t *recv_counts,
+                                     const size_t *recv_displs,
+                                     braid_dtype dtype,
+                                     struct braid_comm *comm);
+
+/**
  * Block until the work has completed; its result (`BRAID_SUCCESS`, or the error
  * the call failed with — every later wait or test reports the same). The
  * buffers of the call are the caller's again once this returns.

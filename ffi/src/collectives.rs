@@ -79,7 +79,7 @@ impl CCall {
 }
 
 /// Why a call is refused between `braid_group_start` and `braid_group_end`.
-const GROUP_ONLY_P2P: &str = "only braid_send, braid_recv and their _tagged forms may be called between \
+pub(crate) const GROUP_ONLY_P2P: &str = "only braid_send, braid_recv and their _tagged forms may be called between \
                               braid_group_start and braid_group_end (end the group first)";
 
 impl Call<DType, ReduceOp, usize> {

@@ -8,7 +8,8 @@
 //! `collectives.rs` the blocking and async collectives; `group.rs` grouped and
 //! tagged send/recv (`braid_group_start`/`end`); `work.rs` work handles;
 //! `log.rs` the log subscriber (`BRAID_DEBUG`, `braid_set_log_level`,
-//! `braid_set_log_callback`).
+//! `braid_set_log_callback`); `rooted.rs` gather and scatter;
+//! `vcollectives.rs` all-gather-v, reduce-scatter-v and all-to-all-v.
 
 #![allow(non_camel_case_types)]
 
@@ -23,12 +24,14 @@ mod comm;
 mod group;
 mod log;
 mod rooted;
+mod vcollectives;
 mod work;
 
 pub use collectives::*;
 pub use comm::*;
 pub use group::*;
 pub use log::*;
+pub use vcollectives::*;
 pub use work::*;
 
 /// What every braid call returns: `BRAID_SUCCESS`, or why it failed (the

@@ -155,6 +155,17 @@ fn gather_and_scatter_with_every_root_and_layout_from_c() {
     run_ranks(&prog, 4);
 }
 
+/// Issue 34: braid_all_gather_v, braid_reduce_scatter_v and braid_all_to_all_v on 4
+/// ranks with uneven counts including zeros and displacements with gaps (left
+/// untouched), out of place and in place, exact in three dtypes; NULL arrays and
+/// buffers, a wrong send_count, overflowing displacements and overlapping buffers
+/// refused on every rank, naming the argument.
+#[test]
+fn v_collectives_with_uneven_counts_and_gapped_displacements_from_c() {
+    let prog = compile("gcc", "vcollectives.c", "vcollectives", &shared("-std=c11"));
+    run_ranks(&prog, 4);
+}
+
 #[test]
 fn bad_calls_from_c_return_codes_and_messages_with_the_static_library() {
     let mut flags = strict("-std=c11");

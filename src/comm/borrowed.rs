@@ -66,7 +66,7 @@ struct Raw {
 unsafe impl Send for Raw {}
 
 /// Null for a buffer of zero bytes becomes a dangling pointer (slices must not be null).
-fn non_null<T>(p: *mut T, len: usize) -> *mut T {
+pub(super) fn non_null<T>(p: *mut T, len: usize) -> *mut T {
     if p.is_null() && len == 0 {
         NonNull::dangling().as_ptr()
     } else {
@@ -75,7 +75,7 @@ fn non_null<T>(p: *mut T, len: usize) -> *mut T {
 }
 
 /// Whether `[a, a + a_len)` and `[b, b + b_len)` share a byte.
-fn overlap(a: usize, a_len: usize, b: usize, b_len: usize) -> bool {
+pub(super) fn overlap(a: usize, a_len: usize, b: usize, b_len: usize) -> bool {
     a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
 }
 

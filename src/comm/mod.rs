@@ -29,14 +29,15 @@ mod builder;
 mod calls;
 mod device_calls;
 mod engine;
+mod p2p_group;
 mod panic_note;
 mod rooted_raw;
-mod p2p_group;
 mod split;
 #[cfg(test)]
 pub(crate) mod tests;
 mod turn;
 mod vcollectives;
+mod vcollectives_raw;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};

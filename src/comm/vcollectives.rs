@@ -18,7 +18,7 @@ use crate::tuner::Call;
 use crate::types::{CallSig, Element, OpKind, ReduceOp};
 
 /// Displacements of blocks packed one after the other (exclusive prefix sums).
-fn packed(counts: &[usize]) -> Vec<usize> {
+pub(super) fn packed(counts: &[usize]) -> Vec<usize> {
     counts.iter().scan(0usize, |at, &c| Some(std::mem::replace(at, at.saturating_add(c)))).collect()
 }
 
