@@ -163,17 +163,32 @@ fn run_grid_step(c: &Communicator, n: usize) -> Bufs {
     b
 }
 
-#[test]
-fn every_call_on_borrowed_buffers_gives_exact_results_over_worlds_and_counts() {
+/// Every borrowed async call, issued all at once per rank, over `net`.
+fn borrowed_grid(net: Net) {
     for w in [1usize, 2, 3, 4, 7, 8] {
         for n in [0usize, 1, 7, 65_537] {
-            let got = on_ranks(comms(Net::InProc, w, TIMEOUT), move |c| run_grid_step(c, n));
+            let got = on_ranks(comms(net, w, TIMEOUT), move |c| run_grid_step(c, n));
             for (rank, got) in got.into_iter().enumerate() {
                 let want = bufs(rank, w, n, true);
-                assert!(got == want, "world {w}, count {n}, rank {rank}: got {got:?}\nwant {want:?}");
+                assert!(got == want, "{net:?}, world {w}, count {n}, rank {rank}: got {got:?}\nwant {want:?}");
             }
         }
     }
+}
+
+#[test]
+fn every_call_on_borrowed_buffers_gives_exact_results_over_worlds_and_counts() {
+    borrowed_grid(Net::InProc);
+}
+
+#[test]
+fn every_call_on_borrowed_buffers_gives_exact_results_over_shm() {
+    borrowed_grid(Net::Shm);
+}
+
+#[test]
+fn every_call_on_borrowed_buffers_gives_exact_results_over_tcp() {
+    borrowed_grid(Net::Tcp);
 }
 
 #[test]
