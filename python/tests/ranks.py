@@ -35,9 +35,11 @@ class RankResult:
         return f"--- rank {self.rank}: exit {self.returncode}{late}\n{self.stdout}\n--- stderr\n{self.stderr}"
 
 
-def run_ranks(world: int, scenario: str, *args: str, timeout: float = 120, env: Optional[Dict[str, str]] = None) -> List[RankResult]:
-    """Run `scenario` on `world` ranks; return every rank's outcome. Never
-    outlives `timeout` seconds: ranks still running then are killed (timed_out)."""
+def run_ranks(world: int, scenario: str, *args: str, timeout: float = 120, env: Optional[Dict[str, str]] = None,
+              script: str = "rank_main.py") -> List[RankResult]:
+    """Run `scenario` of `script` (in this folder) on `world` ranks; return every
+    rank's outcome. Never outlives `timeout` seconds: ranks still running then
+    are killed (timed_out)."""
     with tempfile.TemporaryDirectory(prefix="braid-py-") as tmp:
         base = dict(os.environ)
         base.update(
@@ -58,7 +60,7 @@ def run_ranks(world: int, scenario: str, *args: str, timeout: float = 120, env: 
                 outs.append((out, err))
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, os.path.join(HERE, "rank_main.py"), scenario, *args],
+                        [sys.executable, os.path.join(HERE, script), scenario, *args],
                         env=dict(base, BRAID_RANK=str(rank)),
                         stdout=out,
                         stderr=err,
