@@ -188,6 +188,11 @@ class ProcessGroupBraid(dist.ProcessGroup):
     def group_desc(self) -> str:
         return self._group_desc
 
+    def _get_backend(self, device: Any = None) -> "ProcessGroupBraid":
+        # torch asks the group for its per-device backend (batch_isend_irecv
+        # checks `supports_coalescing` on it); this group is its own backend.
+        return self
+
     @property
     def communicator(self) -> Communicator:
         return self._comm

@@ -14,7 +14,8 @@ braid; the summary counts them apart from the others.
 
 Prints one line per test (PASS/FAIL/SKIP) and the counts; `--json` writes
 {test: outcome}. Every test is bounded by the suite's own per-test timeout
-(`--timeout`, seconds).
+(`--timeout`, seconds). Tests named cuda/nccl/gpu are counted as skipped
+without spawning them unless `--device-tests` (they skip on a CPU anyway).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import unittest
 from typing import Dict
 
 
-def _configure(backend: str, world_size: int) -> None:
+def _configure(backend: str, world_size: int, timeout: int) -> None:
+    os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(timeout)
     os.environ["BACKEND"] = backend
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="braid-judge-"))
@@ -55,6 +57,9 @@ if "BACKEND" in os.environ:
             self._spawn_processes()
 
     _ = dist
+
+
+_DEVICE_WORDS = ("cuda", "nccl", "gpu")
 
 
 class _Outcomes(unittest.TextTestResult):
@@ -95,29 +100,42 @@ def main() -> int:
     ap.add_argument("--backend", default="braid")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("-k", dest="patterns", action="append", default=[], help="run tests whose name contains this")
+    ap.add_argument("-t", "--tests", action="append", default=[],
+                    help="run exactly these tests (comma-separated names; repeatable)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds per test (the suite kills its ranks after)")
     ap.add_argument("--json", help="write {test: pass|fail|skip} here")
+    ap.add_argument("--device-tests", action="store_true",
+                    help="also spawn the tests named cuda/nccl/gpu (else counted as skipped without running)")
     args = ap.parse_args()
     if os.environ.get("BACKEND") != args.backend or os.environ.get("WORLD_SIZE") != str(args.world_size):
         # Re-run with the environment set, so the import-time wiring above sees it.
-        _configure(args.backend, args.world_size)
+        _configure(args.backend, args.world_size, args.timeout)
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__)] + sys.argv[1:])
-    from torch.testing._internal import common_distributed
-
-    common_distributed.TIMEOUT_DEFAULT = args.timeout
     names = unittest.TestLoader().getTestCaseNames(TestDistBackendWithSpawn)
     if args.patterns:
         names = [n for n in names if any(p in n for p in args.patterns)]
+    exact = {t for arg in args.tests for t in arg.split(",") if t}
+    if exact:
+        unknown = exact - set(names)
+        if unknown:
+            ap.error(f"no such tests in DistributedTest: {', '.join(sorted(unknown))}")
+        names = [n for n in names if n in exact]
+    outcomes: Dict[str, str] = {}
+    if not args.device_tests:
+        # Each test spawns its ranks (seconds each); these skip on a CPU-only machine anyway.
+        device = [n for n in names if any(k in n for k in _DEVICE_WORDS)]
+        outcomes.update((n, "skip") for n in device)
+        names = [n for n in names if n not in outcomes]
     suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names)
     start = time.monotonic()
     runner = unittest.TextTestRunner(resultclass=_Outcomes, verbosity=0, stream=open(os.devnull, "w"))
     result = runner.run(suite)
-    outcomes: Dict[str, str] = result.outcomes  # type: ignore[attr-defined]
-    for name in names:
+    outcomes.update(result.outcomes)  # type: ignore[attr-defined]
+    for name in sorted(outcomes):
         print(f"{outcomes.get(name, 'fail').upper():4} {name}")
     counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("pass", "fail", "skip")}
     print(
-        f"backend {args.backend}, world size {args.world_size}: {len(names)} tests, {counts['pass']} passed, "
+        f"backend {args.backend}, world size {args.world_size}: {len(outcomes)} tests, {counts['pass']} passed, "
         f"{counts['fail']} failed, {counts['skip']} skipped in {time.monotonic() - start:.0f} s"
     )
     if args.json:

@@ -199,6 +199,15 @@ def collectives(kind: str) -> None:
             refused("tagged send", lambda: dist.send(t, dst=peer, tag=5), "tag 5")
             refused("recv any source", lambda: dist.recv(torch.empty(N, dtype=torch.int64)), "recv_anysource")
 
+    # batch_isend_irecv: a ring exchange (every rank sends right, receives from the left).
+    if WORLD > 1:
+        got = torch.empty(N, dtype=torch.int64)
+        ops = [dist.P2POp(dist.isend, block(RANK), (RANK + 1) % WORLD),
+               dist.P2POp(dist.irecv, got, (RANK - 1) % WORLD)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        check("batch_isend_irecv ring", got, block((RANK - 1) % WORLD))
+
     # A subgroup of ranks 0 and the last rank meets through its own store prefix.
     if WORLD > 1:
         sub = dist.new_group([0, WORLD - 1])
