@@ -257,8 +257,7 @@ class ProcessGroupBraid(dist.ProcessGroup):
                     f"braid backend {call}: {dt} reduces with SUM or AVG only (as pairs of reals; complex32 not at all)"
                 )
             buf = torch.view_as_real(t.contiguous()).reshape(-1)
-            base = buf
-            return buf, op, lambda b: t.copy_(torch.view_as_complex(base.view(*t.shape, 2)))
+            return buf, op, lambda b: t.copy_(torch.view_as_complex(b.view(*t.shape, 2)))
         if dt == torch.bool:
             buf = t.to(torch.uint8).contiguous()
             mapped = ReduceOp.MAX if op in (ReduceOp.SUM, ReduceOp.MAX) else ReduceOp.MIN
@@ -422,7 +421,8 @@ class ProcessGroupBraid(dist.ProcessGroup):
                 f"{self._size} times output {tuple(output.shape)} {output.dtype}"
             )
         op = _red_op(opts.reduceOp if opts is not None else _R.SUM)
-        send, bop, _ = self._reducible(input.clone(), op, "reduce_scatter_single")
+        # Out of place: braid only reads `send`, so a view of the input will do.
+        send, bop, _ = self._reducible(input, op, "reduce_scatter_single")
         out, _, back = self._reducible(output, op, "reduce_scatter_single")
         recv = out if out is output else torch.empty_like(out)
         work = self._comm.reduce_scatter(send, recv, op=bop, async_op=True)

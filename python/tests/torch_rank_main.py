@@ -160,6 +160,12 @@ def collectives(kind: str) -> None:
     out = torch.empty(N, dtype=torch.float64)
     dist.reduce_scatter_tensor(out, torch.cat([block(RANK, torch.float64) + r for r in ranks]))
     check("reduce_scatter_tensor", out, total.double() + RANK * WORLD)
+    out = torch.empty(N, dtype=torch.complex128)
+    dist.reduce_scatter_tensor(out, torch.complex(torch.cat([block(RANK, torch.float64)] * WORLD), torch.ones(N * WORLD).double()))
+    check("reduce_scatter_tensor complex", out, torch.complex(total.double(), torch.full((N,), float(WORLD)).double()))
+    src = torch.cat([block(RANK)] * WORLD)
+    dist.reduce_scatter_tensor(torch.empty(N, dtype=torch.int64), src)
+    check("reduce_scatter_tensor leaves its input", src, torch.cat([block(RANK)] * WORLD))
 
     # all_to_all: equal and uneven splits, list form.
     out = torch.empty(WORLD * 2, dtype=torch.int64)
