@@ -68,7 +68,7 @@ class BraidWork(dist.Work):
         self._works = list(works)
         self._result = result
         self._finish = finish
-        self._source_rank = source_rank
+        self._src = source_rank
         self._lock = threading.Lock()
         self._done = False
         self._error: Optional[BaseException] = None
@@ -112,10 +112,10 @@ class BraidWork(dist.Work):
         return self._result
 
     def source_rank(self) -> int:
-        return self._source_rank
+        return self._src
 
-    def _source_rank_(self) -> int:  # torch's private spelling
-        return self._source_rank
+    def _source_rank(self) -> int:  # torch's private spelling (dist.recv reads it)
+        return self._src
 
     def get_future(self) -> torch.futures.Future:
         """A future completed with the output tensors by the group's completer
@@ -134,10 +134,6 @@ class BraidWork(dist.Work):
             fut.set_exception(self._error)
         else:
             fut.set_result(self._result)
-
-
-def _done_work(pg: "ProcessGroupBraid", result: List[torch.Tensor]) -> BraidWork:
-    return BraidWork(pg, [], result)
 
 
 class ProcessGroupBraid(dist.ProcessGroup):

@@ -201,6 +201,7 @@ def collectives(kind: str) -> None:
                 w = dist.irecv(r, src=0)
                 w.wait()
                 check("irecv from 0", r, block(0))
+                assert w.source_rank() == 0 and w._source_rank() == 0, w.source_rank()
                 dist.isend(t, dst=0).wait()
             refused("tagged send", lambda: dist.send(t, dst=peer, tag=5), "tag 5")
             refused("recv any source", lambda: dist.recv(torch.empty(N, dtype=torch.int64)), "recv_anysource")
