@@ -83,3 +83,12 @@ def test_registered_on_import() -> None:
     assert dist.Backend("braid") == "braid"
     assert dist.Backend.backend_capability["braid"] == ["cpu"]
     assert issubclass(bt.ProcessGroupBraid, dist.ProcessGroup) and issubclass(bt.BraidWork, dist.Work)
+
+
+def test_mismatch_raises_on_every_rank() -> None:
+    """int64 against float64 in one all_reduce: Work.wait and the future raise,
+    naming the mismatch, on both ranks (no hang, no silent result)."""
+    results = run_ranks(2, "mismatch", "file", timeout=120, script=SCRIPT)
+    assert_all_ok(results)
+    for r in results:
+        assert "Work.wait:" in r.stdout and "future:" in r.stdout, r.show()

@@ -228,6 +228,32 @@ def collectives(kind: str) -> None:
 
 
 @scenario
+def mismatch(kind: str) -> None:
+    """Ranks disagree on a call's dtype: Work.wait and the future raise braid's
+    error naming the mismatch, on every rank."""
+    import braid
+    import braid.torch  # noqa: F401
+
+    init("braid", kind)
+    t = block(RANK, torch.int64 if RANK == 0 else torch.float64)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    for what, wait in (("Work.wait", work.wait), ("future", fut.wait)):
+        try:
+            wait()
+        except Exception as e:  # noqa: BLE001 - checked below
+            text = str(e)
+            if not isinstance(e, braid.MismatchError) or f"rank {1 - RANK} called all-reduce" not in text:
+                raise AssertionError(f"{what}: error {e!r} is not a MismatchError naming rank {1 - RANK}'s call") from e
+            print(f"{what}: {type(e).__name__}: {text}")
+        else:
+            raise AssertionError(f"{what}: no error for int64 against float64")
+    print("ok")
+    sys.stdout.flush()
+    os._exit(0)  # the communicator is broken: no collective destroy
+
+
+@scenario
 def entry_point(port: str) -> None:
     """`init_process_group("braid")` with no import of braid: torch finds it
     through the package's `torch.distributed.backends` entry point (env://)."""
