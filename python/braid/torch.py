@@ -350,7 +350,13 @@ class ProcessGroupBraid(dist.ProcessGroup):
         return self._work([work], list(outs), [self._gather_into(outs, flat, "allgather")])
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor], opts: Any = None) -> BraidWork:
-        works = [self.allgather([outs], [t]) for outs, t in zip(output_lists, input_list)]
+        """`output_lists[r][i]` receives rank r's `input_list[i]` (torch's layout)."""
+        if len(output_lists) != self._size or any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError(
+                f"braid backend allgather_coalesced: needs {self._size} output lists (one per rank) of "
+                f"{len(input_list)} tensors (one per input)"
+            )
+        works = [self.allgather([[outs[i] for outs in output_lists]], [t]) for i, t in enumerate(input_list)]
         return self._work(works, [o for outs in output_lists for o in outs])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BraidWork:

@@ -138,10 +138,12 @@ def collectives(kind: str) -> None:
     flat = torch.empty(WORLD * N, dtype=torch.int32)
     dist.all_gather_into_tensor(flat, block(RANK, torch.int32))
     check("all_gather_into_tensor", flat, torch.cat([block(r, torch.int32) for r in ranks]))
-    got2: List[List[torch.Tensor]] = [[torch.empty(N, dtype=torch.int64) for _ in ranks] for _ in range(2)]
-    dist.all_gather_coalesced(got2, [block(RANK), block(RANK) * 3])
+    # torch's layout: got2[r][i] is rank r's i-th input (inputs of different sizes).
+    got2: List[List[torch.Tensor]] = [[torch.empty(N, dtype=torch.int64), torch.empty(2, 3, dtype=torch.int64)] for _ in ranks]
+    dist.all_gather_coalesced(got2, [block(RANK), torch.full((2, 3), RANK)])
     for r in ranks:
-        check(f"all_gather_coalesced {r}", got2[1][r], block(r) * 3)
+        check(f"all_gather_coalesced {r} first", got2[r][0], block(r))
+        check(f"all_gather_coalesced {r} second", got2[r][1], torch.full((2, 3), r))
     for root in ranks:
         gl = [torch.empty(N, dtype=torch.int64) for _ in ranks] if RANK == root else None
         dist.gather(block(RANK), gl, dst=root)
