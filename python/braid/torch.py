@@ -649,6 +649,9 @@ def _store_url(store: Any, rank: int, size: int) -> str:
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupBraid:
+    # Deadlines are braid's own (BRAID_TIMEOUT, read when the communicator is
+    # made), not torch's `timeout` (30 minutes by default): a dead peer should be
+    # an error in seconds, and the C ABI takes its settings from the environment.
     comm = Communicator(rank, size, _store_url(store, rank, size))
     return ProcessGroupBraid(comm, timeout)
 
