@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
-# Cost of the root agreement before broadcast and reduce (issue 34): braid perf on 4
-# ranks over shared memory, 1 KiB..512 KiB, in place, OLD and NEW alternated ROUNDS
-# times; prints per size the median time of each and NEW/OLD.
-#   results/root_check_ab.sh OLD_BRAID NEW_BRAID [NEW_ENV]
-# NEW_ENV (e.g. BRAID_CHECK_ROOTS=1) is set for the NEW runs only. OPS and SIZES
-# (perf's size flags) change what is swept. An OLD binary from
-# before `--in-place` existed measures in place by default; NEW gets `--in-place`.
+# The cost of the root check on rooted calls: three configurations alternated
+# ROUNDS times (default 3), median out-of-place time per op and size.
+#   results/root_check_ab.sh OLD_BRAID NEW_BRAID
+#   off:     OLD with BRAID_CHECK_ROOTS=0 (no check)
+#   before:  OLD with BRAID_CHECK_ROOTS=1 (a barrier before the data)
+#   merged:  NEW with BRAID_CHECK_ROOTS=1 (the exchange in the data's rounds)
+# OPS (default "broadcast reduce gather scatter"), RANKS (4), SIZES, EXTRA as in
+# session_ab.sh.
 set -euo pipefail
-old=$1 new=$2 new_env=${3:-} rounds=${ROUNDS:-3}
-ops=${OPS:-"broadcast reduce"}
-read -r -a sizes <<<"${SIZES:--b 1K -e 1M -f 8 -n 300 -w 20}"
+old=$1 new=$2 rounds=${ROUNDS:-3} ranks=${RANKS:-4}
+ops=${OPS:-"broadcast reduce gather scatter"}
+read -r -a sizes <<<"${SIZES:--b 1K -e 16M -f 16 -n 200 -w 20}"
+read -r -a extra <<<"${EXTRA:-}"
 dir=$(mktemp -d)
 for r in $(seq "$rounds"); do
-  for who in old new; do
+  for who in off before merged; do
+    bin=$old check=1
+    [ $who = off ] && check=0
+    [ $who = merged ] && bin=$new
     for op in $ops; do
-      if [ $who = old ]; then
-        timeout 120 "$old" perf --op $op --ranks 4 "${sizes[@]}" >"$dir/$who-$op-$r.txt" 2>&1
-      else
-        env $new_env timeout 120 "$new" perf --op $op --ranks 4 "${sizes[@]}" --in-place \
-          >"$dir/$who-$op-$r.txt" 2>&1
-      fi
+      BRAID_CHECK_ROOTS=$check timeout 300 "$bin" perf --op "$op" --ranks "$ranks" "${sizes[@]}" "${extra[@]}" \
+        >"$dir/$who-$op-$r.txt" 2>&1
     done
   done
 done
@@ -27,17 +28,16 @@ python3 - "$dir" <<'PY'
 import glob, os, statistics, sys
 data = {}
 for f in glob.glob(os.path.join(sys.argv[1], "*.txt")):
-    parts = os.path.basename(f)[:-4].split("-")
-    who, op = parts[0], "-".join(parts[1:-1])
+    who, op, _ = os.path.basename(f)[:-4].split("-")
     for line in open(f):
         t = line.split()
         if len(t) > 8 and t[0].isdigit():
-            # The old layout has one time column (6th); the new one prints n/a out of place, then in place.
-            col = 9 if t[5] == "n/a" else 5
-            data.setdefault((op, int(t[0]), who), []).append(float(t[col]))
-print("| op | size | old us (median) | new us (median) | new/old |")
-print("|---|---|---|---|---|")
-for op, size, who in sorted(k for k in data if k[2] == "old"):
-    o, n = statistics.median(data[(op, size, "old")]), statistics.median(data[(op, size, "new")])
-    print(f"| {op} | {size} | {o:.2f} | {n:.2f} | {n / o:.3f} |")
+            data.setdefault((op, int(t[0]), who), []).append(float(t[5]))
+print("| op | size | off us | before us | merged us | before/off | merged/off |")
+print("|---|---|---|---|---|---|---|")
+for op, size, _ in sorted(k for k in data if k[2] == "off"):
+    m = {w: statistics.median(data.get((op, size, w), [float("nan")])) for w in ("off", "before", "merged")}
+    print(f"| {op} | {size} | {m['off']:.2f} | {m['before']:.2f} | {m['merged']:.2f} | "
+          f"{m['before'] / m['off']:.2f} | {m['merged'] / m['off']:.2f} |")
 PY
+rm -rf "$dir"

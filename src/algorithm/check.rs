@@ -103,21 +103,75 @@ pub fn check_schedules_with(
     if let Some(r) = schedules.iter().position(|s| s.algorithm != alg) {
         return Err(format!("{op} world={world}: rank 0 runs {alg} but rank {r} runs {}", schedules[r].algorithm));
     }
-    let c = Checker { op, alg, world, count, es: elem_size, root, scheds: schedules, ordered };
-    c.static_checks()?;
-    for in_place in [false, true] {
-        if in_place && c.in_place_alias(0).is_none() {
-            continue;
+    let c = Checker { op, alg, world, count, es: elem_size, root, scheds: schedules, ordered, agreed: false };
+    c.run()
+}
+
+/// [`check`] for a rooted call planned with its signature agreed in its own rounds
+/// ([`super::with_agreement`]): the op's result as usual, empty agreement frames
+/// allowed, and every rank must leave having heard, transitively, from every other
+/// (so a rank given another root is seen by all).
+pub fn check_agreed(
+    op: OpKind,
+    world: usize,
+    count: usize,
+    elem_size: usize,
+    root: usize,
+    algorithm: Option<Algorithm>,
+    params: &PlanParams,
+) -> Result<(), String> {
+    let hosts = vec![0; world];
+    let req = PlanRequest { op, rank: 0, world, count, elem_size, root, algorithm, hosts: &hosts, blocks: None };
+    let plain = plan_ranks(&req, params).map_err(|e| format!("{op} world={world} {e}"))?;
+    let scheds: Vec<Schedule> =
+        plain.iter().enumerate().map(|(rank, s)| super::with_agreement(s, rank, world)).collect();
+    check_schedules_agreed(op, count, elem_size, root, &scheds, params.deterministic && super::ordered::applies(op))
+}
+
+/// [`check_schedules_with`] for schedules that claim to agree on the call's
+/// signature (see [`check_agreed`]).
+pub fn check_schedules_agreed(
+    op: OpKind,
+    count: usize,
+    elem_size: usize,
+    root: usize,
+    schedules: &[Schedule],
+    ordered: bool,
+) -> Result<(), String> {
+    let alg = schedules.first().map(|s| s.algorithm).ok_or("need at least one schedule")?;
+    let c = Checker {
+        op,
+        alg,
+        world: schedules.len(),
+        count,
+        es: elem_size,
+        root,
+        scheds: schedules,
+        ordered,
+        agreed: true,
+    };
+    c.run()
+}
+
+impl Checker<'_> {
+    fn run(&self) -> Result<(), String> {
+        let c = self;
+        let world = c.world;
+        c.static_checks()?;
+        for in_place in [false, true] {
+            if in_place && c.in_place_alias(0).is_none() {
+                continue;
+            }
+            if world <= 64 {
+                c.simulate::<[u64; 1]>(in_place)?;
+            } else if world <= 128 {
+                c.simulate::<[u64; 2]>(in_place)?;
+            } else {
+                c.simulate::<Vec<u64>>(in_place)?;
+            }
         }
-        if world <= 64 {
-            c.simulate::<[u64; 1]>(in_place)?;
-        } else if world <= 128 {
-            c.simulate::<[u64; 2]>(in_place)?;
-        } else {
-            c.simulate::<Vec<u64>>(in_place)?;
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// A set of ranks as a bitset. Two representations share the code: a fixed array,
@@ -322,6 +376,8 @@ struct Checker<'a> {
     scheds: &'a [Schedule],
     /// Reductions must fold in rank order.
     ordered: bool,
+    /// Planned with agreement frames ([`check_agreed`]).
+    agreed: bool,
 }
 
 impl Checker<'_> {
@@ -452,7 +508,7 @@ impl Checker<'_> {
                     return Err(format!("transfer with invalid peer {peer}"));
                 }
                 let len = reads.iter().chain(&writes).map(|r| r.len).max().unwrap_or(0);
-                if len == 0 && self.op != OpKind::Barrier {
+                if len == 0 && self.op != OpKind::Barrier && !self.agreed {
                     return Err("zero-length transfer (ranks with nothing to move must skip it)".into());
                 }
             }
@@ -766,12 +822,14 @@ impl Checker<'_> {
         let all = S::full(n);
         for r in 0..n {
             let prefix = || format!("{} {} world={} rank {r}{mode}", self.op, self.alg, n);
-            if self.op == OpKind::Barrier {
+            if self.op == OpKind::Barrier || self.agreed {
                 if heard[r] != all {
                     let missing: Vec<usize> = (0..n).filter(|&q| !heard[r].contains(q)).collect();
-                    return Err(format!("{}: leaves the barrier without hearing from ranks {missing:?}", prefix()));
+                    return Err(format!("{}: leaves the call without hearing from ranks {missing:?}", prefix()));
                 }
-                continue;
+                if self.op == OpKind::Barrier {
+                    continue;
+                }
             }
             if matches!(self.op, OpKind::Reduce | OpKind::Gather) && r != self.root {
                 continue;

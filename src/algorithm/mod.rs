@@ -11,6 +11,7 @@
 //! Steps say *what* moves, not *how*: the executor decides whether a receive lands
 //! in a staging chunk or straight in place, and how a long transfer is pipelined.
 
+mod agree;
 mod bruck;
 mod chain;
 pub mod check;
@@ -29,6 +30,7 @@ mod tree;
 mod vblocks;
 pub(crate) use vblocks::invalid as vblocks_invalid;
 
+pub use agree::with_agreement;
 pub use collectives::default_algorithm;
 
 use std::fmt;

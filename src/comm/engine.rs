@@ -19,7 +19,8 @@ use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
 /// What a cached schedule depends on besides the communicator's policy (a new
 /// policy empties the caches): op, count, element size, root.
-type PlanKey = (OpKind, usize, usize, usize);
+/// Op, count, element size, root, and whether the signature is agreed in its rounds.
+type PlanKey = (OpKind, usize, usize, usize, bool);
 /// How many of the latest plans are compared before the hash map is asked. A
 /// training step repeats a few calls (each bucket's all-reduce, a barrier); hashing
 /// a key with the map's SipHash cost more than the whole executor of a 4 KiB
@@ -137,8 +138,16 @@ impl Engine {
         self.recent_plans = Default::default();
     }
 
-    pub(super) fn schedule(&mut self, sig: &CallSig) -> Result<Arc<Schedule>> {
-        let key = (sig.op, sig.count as usize, sig.dtype.size(), sig.root as usize);
+    /// Whether `sig` agrees on its signature across ranks before it may finish: a
+    /// rooted call, with [`crate::Config::check_roots`].
+    pub(super) fn agrees(&self, sig: &CallSig) -> bool {
+        sig.op.rooted() && self.check_roots && self.world > 1
+    }
+
+    /// The plan of `sig` (cached); with `agreed`, with the signature agreed in its
+    /// rounds ([`algorithm::with_agreement`]).
+    pub(super) fn schedule(&mut self, sig: &CallSig, agreed: bool) -> Result<Arc<Schedule>> {
+        let key = (sig.op, sig.count as usize, sig.dtype.size(), sig.root as usize, agreed);
         // Training loops repeat a few calls: check the latest plans before hashing.
         if let Some(i) = self.recent_plans.iter().position(|e| e.as_ref().is_some_and(|(k, _)| *k == key)) {
             self.recent_to_front(i);
@@ -170,8 +179,11 @@ impl Engine {
                     hosts: &self.hosts,
                     blocks: None,
                 };
-                let plan = algorithm::plan_with(&req, &self.tuner.params)
+                let mut plan = algorithm::plan_with(&req, &self.tuner.params)
                     .map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?;
+                if agreed {
+                    plan = algorithm::with_agreement(&plan, self.rank, self.world);
+                }
                 if self.plans.len() > 256 {
                     self.plans.clear();
                 }
@@ -301,7 +313,7 @@ impl Engine {
         if self.world < 2 {
             return Ok(());
         }
-        let exchange = self.schedule(&CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum))?;
+        let exchange = self.schedule(&CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), false)?;
         // Empty regions of a dangling (not null) pointer, as an empty slice has.
         let empty = std::ptr::NonNull::<u8>::dangling().as_ptr();
         let mut nothing = Buffers {
@@ -331,9 +343,12 @@ impl Engine {
         let peer_copy = self.peer_copy_for(device)?;
         let seq = self.coll_seq;
         self.coll_seq += 1;
-        let schedule = self.schedule(&sig)?;
+        // Rooted calls agree on their signature: on host buffers in the data's own
+        // rounds, on device buffers (whose channels move device memory) before them.
+        let check = self.agrees(&sig);
+        let schedule = self.schedule(&sig, check && device.is_none())?;
         let sig = sig.with_algorithm(schedule.algorithm).reproducible(self.tuner.params.deterministic);
-        if sig.op.rooted() && self.check_roots {
+        if check && device.is_some() {
             self.agree_on_call(sig, seq)?;
         }
         let mut bufs = Buffers {
@@ -546,14 +561,14 @@ mod tests {
     fn recent_plans_serve_each_key_its_own_plan() {
         let mut e = engine();
         let sigs: Vec<CallSig> = (1..=RECENT_PLANS as u64 + 3).map(|i| all_reduce(i * 1000)).collect();
-        let first: Vec<Arc<Schedule>> = sigs.iter().map(|s| e.schedule(s).unwrap()).collect();
+        let first: Vec<Arc<Schedule>> = sigs.iter().map(|s| e.schedule(s, false).unwrap()).collect();
         for (s, f) in sigs.iter().zip(&first) {
             assert_eq!(**f, fresh_plan(&e, s));
         }
         // Two keys alternating (an all-reduce and a barrier-sized call), then all of them backwards.
         let order = [0, 1, 0, 1, 0].into_iter().chain((0..sigs.len()).rev()).chain([2, 2, 0]);
         for i in order {
-            let got = e.schedule(&sigs[i]).unwrap();
+            let got = e.schedule(&sigs[i], false).unwrap();
             assert!(Arc::ptr_eq(&got, &first[i]), "call {i} got another key's plan or was planned again");
         }
         let keys: Vec<usize> = e.recent_plans.iter().map(|p| p.as_ref().unwrap().0 .1).collect();

@@ -359,9 +359,11 @@ impl Communicator {
         self.core.shared.lock_engine().set_deterministic(on);
     }
 
-    /// The schedule this rank would run for `sig`, without running it.
+    /// The schedule this rank would run for `sig` on host buffers, without running it.
     pub fn plan(&self, sig: &CallSig) -> Result<Arc<Schedule>> {
-        self.core.shared.lock_engine().schedule(sig)
+        let mut engine = self.core.shared.lock_engine();
+        let agreed = engine.agrees(sig);
+        engine.schedule(sig, agreed)
     }
 
     /// The tuner's view of this communicator: its policy, cost model and link

@@ -24,9 +24,9 @@ pub enum Net {
     Shm,
 }
 
-/// Build `world` communicators over `net`.
+/// Build `world` communicators over `net` (rooted calls check roots, the default).
 pub fn comms(net: Net, world: usize, timeout: Duration) -> Vec<Communicator> {
-    comms_checking_roots(net, world, timeout, false)
+    comms_checking_roots(net, world, timeout, true)
 }
 
 /// [`comms`], with rooted calls first agreeing on their signature when `check_roots`

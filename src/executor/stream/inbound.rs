@@ -189,6 +189,9 @@ pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [us
                     peer,
                     detail,
                 })?;
+                if let Some(mismatch) = another_call_at_this_turn(&h, peer, call) {
+                    return Err(mismatch);
+                }
                 ch.rx = match h.kind {
                     FrameKind::Data | FrameKind::Rendezvous => Rx::Ready(h),
                     FrameKind::Ack => {
@@ -485,12 +488,33 @@ fn check_header(h: &Header, want: (u64, CallSig), want_len: usize, peer: usize, 
     Ok(())
 }
 
+/// A collective's data frame `h` from `peer` that carries this collective call's
+/// sequence number but another signature: the peer runs another call at this turn
+/// (another root, op or count), which fails the call at once, naming both, even
+/// when no receive from that peer is posted yet (or ever: a root that only sends).
+fn another_call_at_this_turn(h: &Header, peer: usize, call: &CallInfo) -> Option<Error> {
+    let collective = |op: crate::types::OpKind| !op.point_to_point();
+    let same_comm = h.comm_id == call.comm_id && h.epoch == call.epoch;
+    if !matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous)
+        || !same_comm
+        || !collective(h.sig.op)
+        || !collective(call.sig.op)
+        || h.seq != call.recv_seq
+    {
+        return None;
+    }
+    check_header(h, (call.recv_seq, call.sig), h.len as usize, peer, call).err()
+}
+
 /// Writing to `peer` failed with `e`: if the peer sent an abort before its link
 /// ended, its reason is the error (a rank that failed and left is named for why it
-/// failed, not as lost). Reads only control frames already in the link, a bounded
-/// number of them, and stops at the first data frame (its receive is not posted).
+/// failed, not as lost). Reads what is already in the link, a bounded number of
+/// frames: control frames, and data frames of up to [`SKIP_BYTES`] (the call fails
+/// whatever they hold, and its engine with it); a data frame of another call at this
+/// call's turn is the error itself, naming both calls.
 pub(super) fn write_failed(ch: &mut StreamChannel, peer: usize, call: &CallInfo, e: io::Error) -> Error {
     const LOOKS: usize = 64;
+    const SKIP_BYTES: usize = 1 << 20;
     for _ in 0..LOOKS {
         match &mut ch.rx {
             Rx::Gone(Gone::Aborted(reason)) => {
@@ -514,7 +538,31 @@ pub(super) fn write_failed(ch: &mut StreamChannel, peer: usize, call: &CallInfo,
                         ch.rx = Rx::Header { have: 0 };
                     }
                     Ok(h) if h.kind == FrameKind::Ack => ch.rx = Rx::Header { have: 0 },
+                    Ok(h) => ch.rx = Rx::Ready(h),
+                    Err(_) => break,
+                }
+            }
+            Rx::Ready(h) => {
+                if let Some(mismatch) = another_call_at_this_turn(h, peer, call) {
+                    return mismatch;
+                }
+                // Only a frame none of whose payload went to a receive yet.
+                let untouched = ch.inq.front().is_none_or(|m| !m.started && m.got == 0);
+                let left = h.len as usize + padding(h.kind, h.len as usize);
+                if h.kind != FrameKind::Data || left > SKIP_BYTES || !untouched {
+                    break;
+                }
+                ch.rx = if left == 0 { Rx::Header { have: 0 } } else { Rx::Pad { left } };
+            }
+            Rx::Pad { left } => {
+                let mut sink = [0u8; 4096];
+                let take = (*left).min(sink.len());
+                match ch.link.try_read(&mut sink[..take]) {
+                    Ok(n) if n > 0 => *left -= n,
                     _ => break,
+                }
+                if *left == 0 {
+                    ch.rx = Rx::Header { have: 0 };
                 }
             }
             Rx::Reason { want, buf } => {
