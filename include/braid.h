@@ -620,6 +620,38 @@ enum braid_result braid_recv_tagged(void *buf,
                                     struct braid_comm *comm);
 
 /**
+ * `braid_send_tagged`, asynchronously: `*work` receives the handle to wait on
+ * (`braid_work_wait`, then `braid_work_free`). Its place among this rank's calls
+ * is taken now. Not inside a group (`braid_group_end` is what completes those).
+ *
+ * # Safety
+ * As `braid_send_tagged`, with `buf` valid until the work completes; `work` is
+ * NULL or valid for writing a pointer.
+ */
+enum braid_result braid_send_tagged_async(const void *buf,
+                                          size_t count,
+                                          braid_dtype dtype,
+                                          int peer,
+                                          uint32_t tag,
+                                          struct braid_comm *comm,
+                                          struct braid_work **work);
+
+/**
+ * `braid_recv_tagged`, asynchronously: see `braid_send_tagged_async`.
+ *
+ * # Safety
+ * As `braid_recv_tagged`, with `buf` valid until the work completes; `work` is
+ * NULL or valid for writing a pointer.
+ */
+enum braid_result braid_recv_tagged_async(void *buf,
+                                          size_t count,
+                                          braid_dtype dtype,
+                                          int peer,
+                                          uint32_t tag,
+                                          struct braid_comm *comm,
+                                          struct braid_work **work);
+
+/**
  * Sets which of braid's log lines reach stderr, as `BRAID_DEBUG` does (which this
  * overrides): a `tracing` filter such as `"warn"`, `"debug"` or `"braid=trace"`.
  * `BRAID_ERR_INVALID_ARGUMENT` for NULL or a filter that does not parse (the

@@ -22,7 +22,8 @@ use braid::{Communicator, DType, P2p};
 
 use crate::braid_result::{self, *};
 use crate::comm::{braid_comm, live};
-use crate::{dtype_of, entry, rank_of, DTypeArg, Fail, Res};
+use crate::work::braid_work;
+use crate::{dtype_of, entry, put, rank_of, DTypeArg, Fail, Res};
 
 /// The open group of this thread.
 #[derive(Default)]
@@ -208,4 +209,75 @@ pub unsafe extern "C" fn braid_recv_tagged(
 ) -> braid_result {
     // SAFETY: the caller's promises, as documented.
     unsafe { tagged("braid_recv_tagged", comm, false, (buf, count, dtype), peer, tag) }
+}
+
+/// `braid_send_tagged`, asynchronously: `*work` receives the handle to wait on
+/// (`braid_work_wait`, then `braid_work_free`). Its place among this rank's calls
+/// is taken now. Not inside a group (`braid_group_end` is what completes those).
+///
+/// # Safety
+/// As `braid_send_tagged`, with `buf` valid until the work completes; `work` is
+/// NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_send_tagged_async(
+    buf: *const c_void,
+    count: usize,
+    dtype: DTypeArg,
+    peer: c_int,
+    tag: u32,
+    comm: *mut braid_comm,
+    work: *mut *mut braid_work,
+) -> braid_result {
+    // SAFETY: the caller's promises, as documented.
+    unsafe { tagged_async("braid_send_tagged_async", comm, true, (buf as *mut c_void, count, dtype), peer, tag, work) }
+}
+
+/// `braid_recv_tagged`, asynchronously: see `braid_send_tagged_async`.
+///
+/// # Safety
+/// As `braid_recv_tagged`, with `buf` valid until the work completes; `work` is
+/// NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_recv_tagged_async(
+    buf: *mut c_void,
+    count: usize,
+    dtype: DTypeArg,
+    peer: c_int,
+    tag: u32,
+    comm: *mut braid_comm,
+    work: *mut *mut braid_work,
+) -> braid_result {
+    // SAFETY: the caller's promises, as documented.
+    unsafe { tagged_async("braid_recv_tagged_async", comm, false, (buf, count, dtype), peer, tag, work) }
+}
+
+/// Issue one tagged message on the worker thread, its handle into `work`.
+///
+/// # Safety
+/// As the `_async` entry points document.
+unsafe fn tagged_async(
+    name: &str,
+    comm: *mut braid_comm,
+    send: bool,
+    (buf, count, dtype): (*mut c_void, usize, DTypeArg),
+    peer: c_int,
+    tag: u32,
+    work: *mut *mut braid_work,
+) -> braid_result {
+    entry(name, || {
+        // SAFETY: the caller's promise on `work`.
+        unsafe { put(work, "work", std::ptr::null_mut())? };
+        if open() {
+            return Err(Fail::invalid(crate::collectives::GROUP_ONLY_P2P));
+        }
+        // SAFETY: the caller's promise on `comm`.
+        let c = unsafe { live(comm)? };
+        // SAFETY: the caller's promise on the buffer.
+        let op = dtype_of(dtype).and_then(|d| unsafe { message(c, send, (buf, count, d), peer, tag) })?;
+        // SAFETY: the buffer stays valid until the work completes (the caller's promise).
+        let w = unsafe { c.batch_p2p_async_raw(vec![op]) };
+        // SAFETY: checked non-null by `put` above.
+        unsafe { put(work, "work", braid_work::new(w))? };
+        Ok(BRAID_SUCCESS)
+    })
 }

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from ctypes import byref, c_int, c_void_p
-from typing import Any, Iterator, List, Optional, Sequence, Union
+from ctypes import byref, c_int, c_size_t, c_void_p
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._buffers import ITEMSIZE, Pinned, pin
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, UnsupportedError
 from ._work import Work
 
 
@@ -326,18 +326,40 @@ class Communicator:
         work: Optional[Work] = self._issue("braid_barrier", (), [], None, async_op)
         return work
 
-    def send(self, buf: Any, peer: int, *, async_op: bool = False) -> Optional[Work]:
-        """Send `buf` to rank `peer` (matched by its `recv` of the same size and dtype)."""
-        call = "braid_send"
+    def send(self, buf: Any, peer: int, *, tag: int = 0, async_op: bool = False) -> Optional[Work]:
+        """Send `buf` to rank `peer` (matched by its `recv` of the same size and
+        dtype). A non-zero `tag` must be the receive's tag too: braid pairs a
+        peer's messages in posting order and checks the tags (a mismatch fails
+        both calls naming both tags); it does not pick messages by tag."""
+        call = "braid_send" if tag == 0 else self._optional("braid_send_tagged", async_op)
         p = pin(buf, "send buffer", writable=False)
-        work: Optional[Work] = self._issue(call, (p.address, p.count, int(p.dtype), self._peer(call, peer)), [p], None, async_op)
+        args = (p.address, p.count, int(p.dtype), self._peer(call, peer)) + self._tag_arg(call, tag)
+        work: Optional[Work] = self._issue(call, args, [p], None, async_op)
         return work
 
-    def recv(self, buf: Any, peer: int, *, async_op: bool = False) -> Result:
-        """Receive into `buf` from rank `peer`."""
-        call = "braid_recv"
+    def recv(self, buf: Any, peer: int, *, tag: int = 0, async_op: bool = False) -> Result:
+        """Receive into `buf` from rank `peer` (with `tag`: see `send`)."""
+        call = "braid_recv" if tag == 0 else self._optional("braid_recv_tagged", async_op)
         p = pin(buf, "recv buffer", writable=True)
-        return self._issue(call, (p.address, p.count, int(p.dtype), self._peer(call, peer)), [p], buf, async_op)
+        args = (p.address, p.count, int(p.dtype), self._peer(call, peer)) + self._tag_arg(call, tag)
+        return self._issue(call, args, [p], buf, async_op)
+
+    @staticmethod
+    def _tag_arg(call: str, tag: int) -> Tuple[int, ...]:
+        if tag == 0:
+            return ()
+        if not 0 <= tag < 2**32:
+            raise InvalidArgumentError(f"{call}: tag {tag} is outside 0..2**32-1", call)
+        return (int(tag),)
+
+    def _optional(self, name: str, async_op: bool) -> str:
+        """`name` (a newer C ABI call), checked present in the loaded libbraid."""
+        wanted = name + "_async" if async_op else name
+        if not _lib.has(wanted):
+            raise UnsupportedError(
+                f"{wanted}: the loaded libbraid ({_lib.library_path()}) predates it; rebuild it", wanted
+            )
+        return name
 
     def _peer(self, call: str, peer: int) -> int:
         if not 0 <= peer < self._size or peer == self._rank:
@@ -349,6 +371,88 @@ class Communicator:
     # Newer C ABI calls (v-variants, grouped point-to-point with tags) go below,
     # each checking `_lib.has(name)` and raising UnsupportedError when the loaded
     # libbraid predates it; their prototypes go in _lib.OPTIONAL.
+
+    @staticmethod
+    def _counts(call: str, what: str, values: Sequence[int], n: int) -> Any:
+        vals = [int(v) for v in values]
+        if len(vals) != n or any(v < 0 for v in vals):
+            raise InvalidArgumentError(f"{call}: {what} must be {n} non-negative counts, got {list(values)}", call)
+        return (c_size_t * n)(*vals)
+
+    @staticmethod
+    def _packed(counts: Sequence[int]) -> List[int]:
+        out, at = [], 0
+        for c in counts:
+            out.append(at)
+            at += int(c)
+        return out
+
+    def all_gather_v(self, send: Any, recv: Any, counts: Sequence[int], *, async_op: bool = False) -> Result:
+        """`recv` gets rank `j`'s `send` (`counts[j]` elements) after the blocks of
+        ranks before it (MPI_Allgatherv, packed). Every rank passes the same
+        `counts`. In place with `send=None`: this rank's block is already in place."""
+        call = self._optional("braid_all_gather_v", async_op)
+        r = pin(recv, "all_gather_v recv", writable=True)
+        n = self._size
+        counts_c = self._counts(call, "counts", counts, n)
+        displs = self._packed(counts)
+        displs_c = self._counts(call, "displacements", displs, n)
+        if send is None:
+            # In place (MPI_IN_PLACE): this rank's block, already at its displacement.
+            s_addr, s_count, pinned = r.address, int(counts[self._rank]), [r]
+        else:
+            s = pin(send, "all_gather_v send", writable=False)
+            self._pair(call, s, r)
+            s_addr, s_count, pinned = s.address, s.count, [s, r]
+        args = (s_addr, s_count, r.address, counts_c, displs_c, int(r.dtype))
+        return self._issue(call, args, pinned, recv, async_op)
+
+    def reduce_scatter_v(
+        self, send: Any, recv: Any, counts: Sequence[int], *, op: OpLike = ReduceOp.SUM, async_op: bool = False
+    ) -> Result:
+        """Reduce every rank's `send` (blocks of `counts[j]` elements packed in rank
+        order); block `rank` lands in `recv` (`counts[rank]` elements).
+        Every rank passes the same `counts`."""
+        call = self._optional("braid_reduce_scatter_v", async_op)
+        s = pin(send, "reduce_scatter_v send", writable=recv is None)
+        r = s if recv is None else pin(recv, "reduce_scatter_v recv", writable=True)
+        self._pair(call, s, r)
+        counts_c = self._counts(call, "counts", counts, self._size)
+        args = (s.address, r.address, counts_c, int(s.dtype), _op(op))
+        return self._issue(call, args, [s, r], send if recv is None else recv, async_op)
+
+    def all_to_all_v(
+        self,
+        send: Any,
+        send_counts: Sequence[int],
+        recv: Any,
+        recv_counts: Sequence[int],
+        send_displs: Optional[Sequence[int]] = None,
+        recv_displs: Optional[Sequence[int]] = None,
+        *,
+        async_op: bool = False,
+    ) -> Result:
+        """`send_counts[j]` elements of `send` (at `send_displs[j]`, packed when
+        None) go to rank `j`; rank `j`'s arrive in `recv` at `recv_displs[j]`
+        (`recv_counts[j]` elements, which must equal rank `j`'s
+        `send_counts[rank]`). MPI_Alltoallv; torch's all_to_all_single with splits."""
+        call = self._optional("braid_all_to_all_v", async_op)
+        s = pin(send, "all_to_all_v send", writable=False)
+        r = pin(recv, "all_to_all_v recv", writable=True)
+        self._pair(call, s, r)
+        n = self._size
+        sd = self._packed(send_counts) if send_displs is None else send_displs
+        rd = self._packed(recv_counts) if recv_displs is None else recv_displs
+        args = (
+            s.address,
+            self._counts(call, "send_counts", send_counts, n),
+            self._counts(call, "send_displs", sd, n),
+            r.address,
+            self._counts(call, "recv_counts", recv_counts, n),
+            self._counts(call, "recv_displs", rd, n),
+            int(s.dtype),
+        )
+        return self._issue(call, args, [s, r], recv, async_op)
 
     # -- communicators ---------------------------------------------------------
 

@@ -14,7 +14,7 @@ import ctypes
 import glob
 import os
 import threading
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_void_p
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ._errors import InternalError, error_for
@@ -66,7 +66,22 @@ for _name in [n for n in REQUIRED if n.startswith(("braid_all_", "braid_reduce",
 # Calls added to the C ABI after this package's first version. New entry points
 # (v-variants, grouped point-to-point with tags) go here with their argument types,
 # and their methods in _comm.py call them through `call_optional`.
-OPTIONAL: Dict[str, Tuple[Any, ...]] = {}
+_P2P_TAGGED = (c_void_p, c_size_t, c_int, c_int, c_uint32)  # buf, count, dtype, peer, tag
+_COUNTS = POINTER(c_size_t)
+OPTIONAL: Dict[str, Tuple[Any, ...]] = {
+    "braid_send_tagged": _P2P_TAGGED + (comm_p,),
+    "braid_recv_tagged": _P2P_TAGGED + (comm_p,),
+    "braid_send_tagged_async": _P2P_TAGGED + (comm_p, work_out),
+    "braid_recv_tagged_async": _P2P_TAGGED + (comm_p, work_out),
+    # send, send_count, recv, recv_counts, displs, dtype
+    "braid_all_gather_v": (c_void_p, c_size_t, c_void_p, _COUNTS, _COUNTS, c_int, comm_p),
+    # send, recv, recv_counts, dtype, op
+    "braid_reduce_scatter_v": (c_void_p, c_void_p, _COUNTS, c_int, c_int, comm_p),
+    # send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype
+    "braid_all_to_all_v": (c_void_p, _COUNTS, _COUNTS, c_void_p, _COUNTS, _COUNTS, c_int, comm_p),
+}
+for _name in ("braid_all_gather_v", "braid_reduce_scatter_v", "braid_all_to_all_v"):
+    OPTIONAL[_name + "_async"] = OPTIONAL[_name] + (work_out,)
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None

@@ -29,6 +29,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _lib
 from ._comm import Communicator, ReduceOp
 from ._errors import UnsupportedError
 
@@ -72,7 +73,7 @@ class BraidWork(dist.Work):
         self._lock = threading.Lock()
         self._done = False
         self._error: Optional[BaseException] = None
-        self._future: Optional[torch.futures.Future] = None
+        self._future: Optional["torch.futures.Future[List[torch.Tensor]]"] = None
 
     def _complete(self, timeout_s: Optional[float] = None) -> bool:
         with self._lock:
@@ -117,7 +118,7 @@ class BraidWork(dist.Work):
     def _source_rank(self) -> int:  # torch's private spelling (dist.recv reads it)
         return self._src
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self) -> "torch.futures.Future[List[torch.Tensor]]":
         """A future completed with the output tensors by the group's completer
         thread (one per group: works finish in issue order)."""
         with self._lock:
@@ -131,7 +132,7 @@ class BraidWork(dist.Work):
         fut = self._future
         assert fut is not None
         if self._error is not None:
-            fut.set_exception(self._error)
+            fut.set_exception(self._error)  # type: ignore[arg-type]  # torch stubs type it as the result
         else:
             fut.set_result(self._result)
 
@@ -240,7 +241,7 @@ class ProcessGroupBraid(dist.ProcessGroup):
             raise ValueError(f"braid backend {call}: root {root} is not a rank of group size {self._size}")
         return root
 
-    def _reducible(self, t: torch.Tensor, op: ReduceOp, call: str) -> Tuple[torch.Tensor, ReduceOp, Callable[[torch.Tensor], None]]:
+    def _reducible(self, t: torch.Tensor, op: ReduceOp, call: str) -> Tuple[torch.Tensor, ReduceOp, Callable[[torch.Tensor], object]]:
         """(a contiguous buffer braid can reduce, the op to use, how to copy the
         reduced buffer back into `t`)."""
         dt = t.dtype
@@ -270,7 +271,7 @@ class ProcessGroupBraid(dist.ProcessGroup):
             "int8/16/32/64, uint8/16/32, bool, complex64/128)"
         )
 
-    def _work(self, works: Sequence[Any], result: List[torch.Tensor], finishers: Sequence[Callable[[], None]] = (),
+    def _work(self, works: Sequence[Any], result: List[torch.Tensor], finishers: Sequence[Callable[[], object]] = (),
               source_rank: int = -1) -> BraidWork:
         fs = list(finishers)
 
@@ -470,10 +471,19 @@ class ProcessGroupBraid(dist.ProcessGroup):
             back = [] if output.is_contiguous() else [lambda: output.copy_(recv.view(output.dtype).view(output.shape))]
             return self._work([work], [output], back)
         recv = torch.empty(rows_out * row_bytes, dtype=torch.uint8)
-        sends = list(torch.split(send, [s * row_bytes for s in in_splits]))
-        recvs = list(torch.split(recv, [s * row_bytes for s in out_splits]))
-        works = self._exchange(sends, recvs, call)
+        works = self._uneven(send, [s * row_bytes for s in in_splits], recv, [s * row_bytes for s in out_splits], call)
         return self._work(works, [output], [lambda: output.copy_(recv.view(output.dtype).view(output.shape))])
+
+    def _uneven(self, send: torch.Tensor, send_sizes: List[int], recv: torch.Tensor, recv_sizes: List[int],
+                call: str) -> List[Any]:
+        """An all-to-all of uneven byte blocks packed in rank order: one braid
+        all-to-all-v where the library has it, else pairwise send/recv."""
+        if _lib.has("braid_all_to_all_v_async"):
+            return [self._comm.all_to_all_v(send, send_sizes, recv, recv_sizes, async_op=True)]
+        if _lib.has("braid_all_to_all_v"):
+            self._comm.all_to_all_v(send, send_sizes, recv, recv_sizes)
+            return []
+        return self._exchange(list(torch.split(send, send_sizes)), list(torch.split(recv, recv_sizes)), call)
 
     alltoall_base = all_to_all_single
 
@@ -489,7 +499,9 @@ class ProcessGroupBraid(dist.ProcessGroup):
             works = [self._comm.all_to_all(torch.cat(sends), recv, async_op=True)]
             recvs = list(torch.split(recv, recvs[0].numel()))
         else:
-            works = self._exchange(sends, recvs, call)
+            recv = torch.empty(sum(r.numel() for r in recvs), dtype=torch.uint8)
+            works = self._uneven(torch.cat(sends), [t.numel() for t in sends], recv, [r.numel() for r in recvs], call)
+            recvs = list(torch.split(recv, [r.numel() for r in recvs]))
 
         def copy_out() -> None:
             for o, r in zip(output_tensors, recvs):
@@ -570,23 +582,14 @@ class ProcessGroupBraid(dist.ProcessGroup):
 
     # -- point-to-point --------------------------------------------------------------------
 
-    def _tag(self, tag: int, call: str) -> None:
-        if tag != 0:
-            raise UnsupportedError(
-                f"braid backend {call}: tag {tag} is not supported yet (braid matches point-to-point calls by order; "
-                "tags are coming to the C ABI): use tag 0"
-            )
-
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> BraidWork:
-        self._tag(tag, "send")
         t = self._one(tensors, "send")
-        return self._work([self._comm.send(self._bytes(t), dst, async_op=True)], [])
+        return self._work([self._comm.send(self._bytes(t), dst, tag=tag, async_op=True)], [])
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> BraidWork:
-        self._tag(tag, "recv")
         t = self._one(tensors, "recv")
         buf = self._bytes(t)
-        work = self._comm.recv(buf, src, async_op=True)
+        work = self._comm.recv(buf, src, tag=tag, async_op=True)
         back = [] if t.is_contiguous() else [lambda: t.copy_(buf.view(t.dtype).view(t.shape))]
         return self._work([work], list(tensors), back, source_rank=src)
 

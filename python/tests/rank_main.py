@@ -535,5 +535,82 @@ def destroy_waits() -> None:
     print("ok")
 
 
+@scenario
+def uneven_and_tagged(kind: str) -> None:
+    """The v-calls with uneven counts (zeros included) and tagged send/recv, blocking
+    and async, with exact results; a tag mismatch raising on both sides."""
+    a = Arrays(kind)
+    comm = braid.Communicator.from_env()
+    r, w = comm.rank, comm.world_size
+    ranks = range(w)
+    counts = [(q * 2) % 5 for q in ranks]  # 0, 2, 4, 1, 3, ...: zeros included
+    total = sum(counts)
+
+    # all_gather_v: rank q contributes counts[q] copies of 100 + q.
+    gathered = [100 + q for q in ranks for _ in range(counts[q])]
+    for async_op in (False, True):
+        recv = a.empty(total)
+        out = comm.all_gather_v(a.make([100 + r] * counts[r]), recv, counts, async_op=async_op)
+        if async_op:
+            out.wait()
+        check(f"all_gather_v async={async_op}", recv, gathered)
+    start = sum(counts[:r])
+    buf = a.make([100 + r if start <= i < start + counts[r] else -1 for i in range(total)])
+    comm.all_gather_v(None, buf, counts)
+    check("all_gather_v in place", buf, gathered)
+
+    # reduce_scatter_v: element i of every rank's send is r * 1000 + i.
+    base = sum(q * 1000 for q in ranks)
+    for async_op in (False, True):
+        recv = a.empty(counts[r])
+        out = comm.reduce_scatter_v(a.make([r * 1000 + i for i in range(total)]), recv, counts, async_op=async_op)
+        if async_op:
+            out.wait()
+        check(f"reduce_scatter_v async={async_op}", recv, [base + w * i for i in range(start, start + counts[r])])
+
+    # all_to_all_v: rank r sends (r + j) % 3 elements of value r * 100 + j to rank j.
+    send_counts = [(r + j) % 3 for j in ranks]
+    recv_counts = [(j + r) % 3 for j in ranks]
+    send = a.make([r * 100 + j for j in ranks for _ in range(send_counts[j])])
+    for async_op in (False, True):
+        recv = a.empty(sum(recv_counts))
+        out = comm.all_to_all_v(send, send_counts, recv, recv_counts, async_op=async_op)
+        if async_op:
+            out.wait()
+        check(f"all_to_all_v async={async_op}", recv, [j * 100 + r for j in ranks for _ in range(recv_counts[j])])
+
+    # Tagged send/recv in a ring, blocking and async; then a tag mismatch.
+    if w > 1:
+        nxt, prv = (r + 1) % w, (r - 1) % w
+        got = a.empty(3)
+        if r % 2 == 0:
+            comm.send(a.make([r] * 3), nxt, tag=7 + r)
+            comm.recv(got, prv, tag=7 + prv)
+        else:
+            comm.recv(got, prv, tag=7 + prv)
+            comm.send(a.make([r] * 3), nxt, tag=7 + r)
+        check("tagged ring", got, [prv] * 3)
+        got = a.empty(3)
+        works = [comm.recv(got, prv, tag=40, async_op=True), comm.send(a.make([r + 1] * 3), nxt, tag=40, async_op=True)]
+        for work in works:
+            work.wait()
+        check("tagged ring async", got, [prv + 1] * 3)
+        comm.barrier()
+        if r in (0, 1):
+            try:
+                if r == 0:
+                    comm.send(a.make([1] * 4), 1, tag=5)
+                    comm.barrier()  # the sender learns of the mismatch here at the latest
+                else:
+                    comm.recv(a.empty(4), 0, tag=6)
+            except braid.BraidError as e:
+                text = str(e)
+                assert "5" in text and "6" in text and "tag" in text, text
+                print("mismatch:", text)
+            else:
+                raise AssertionError(f"rank {r}: a tag mismatch went unnoticed")
+    print("ok")
+
+
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](*sys.argv[2:])

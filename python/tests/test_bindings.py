@@ -47,6 +47,13 @@ def test_every_collective_exact(kind: str, world: int) -> None:
     assert_all_ok(run_ranks(world, "collectives", kind, timeout=240))
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_uneven_collectives_and_tags_exact(kind: str, world: int) -> None:
+    _need(kind)
+    assert_all_ok(run_ranks(world, "uneven_and_tagged", kind, timeout=240))
+
+
 def test_every_dtype_and_buffer_kind() -> None:
     _need("numpy")
     _need("torch")

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 
 use super::calls::Core;
 use super::engine::Engine;
-use super::Communicator;
+use super::{Communicator, Work};
 use crate::error::{Error, OpContext, Result};
 use crate::executor::group::{execute_group, GroupMessage};
 use crate::executor::CallInfo;
@@ -252,6 +252,20 @@ impl Communicator {
     pub fn batch_p2p(&self, ops: &mut [P2p<'_>]) -> Result<()> {
         let group = self.core.check_group(ops);
         self.core.group_at(self.core.shared.take_ticket(), group)
+    }
+
+    /// [`Communicator::batch_p2p`], asynchronously, on raw messages
+    /// ([`P2p::send_raw`], [`P2p::recv_raw`]): what the C ABI's `_async` tagged
+    /// calls issue. Its place in this rank's call order is taken now.
+    ///
+    /// # Safety
+    /// Every message's buffer is valid (for writing, for a receive) and used by
+    /// nothing else until the work completes.
+    pub unsafe fn batch_p2p_async_raw(&self, ops: Vec<P2p<'static>>) -> Work<()> {
+        let group = self.core.check_group(&ops);
+        // The buffers `group` points into stay valid until the job ends: the
+        // caller's promise.
+        self.spawn(move |core, ticket| core.group_at(ticket, group))
     }
 
     /// [`Communicator::send`] with a tag, which the peer's receive must carry too
