@@ -284,3 +284,219 @@ fn errors_come_back_from_wait_naming_the_rank_and_the_call() {
     assert!(matches!(e, Error::PeerAborted { peer: 1, .. }), "{e:?}");
     assert!(m.contains("rank 0 in all-reduce") && m.contains("rank 1 aborted"), "{m}");
 }
+
+/// Every buffer of one rank's step of the rooted and `*v` grid.
+#[derive(Clone, Debug, PartialEq)]
+struct RootedV {
+    ga_in: Vec<i64>,
+    ga_out: Vec<i64>,
+    ga_ip: Vec<i64>,
+    sc_in: Vec<i64>,
+    sc_out: Vec<i64>,
+    sc_ip: Vec<i64>,
+    agv_in: Vec<i64>,
+    agv_out: Vec<i64>,
+    agv_ip: Vec<i64>,
+    rsv_in: Vec<i64>,
+    rsv_out: Vec<i64>,
+    rsv_ip: Vec<i64>,
+    a2av_in: Vec<i64>,
+    a2av_out: Vec<i64>,
+}
+
+/// Roots: gather out of place to the last rank, in place to the middle one;
+/// scatter out of place from rank 0, in place from the last rank.
+fn rooted_roots(w: usize) -> (usize, usize, usize, usize) {
+    (w - 1, w / 2, 0, w - 1)
+}
+
+/// Rank `j`'s block of the all-gather-v and reduce-scatter-v: uneven, zero for
+/// ranks 0 and 5 (and for every rank at `n == 0`).
+fn v_count(j: usize, n: usize) -> usize {
+    j * 3 % 5 * n
+}
+
+/// Elements rank `from` sends rank `to` in the all-to-all-v: zero for some pairs.
+fn a2a_count(from: usize, to: usize, n: usize) -> usize {
+    (from + 2 * to) % 4 * n
+}
+
+/// The all-to-all-v's layout on `rank`: send blocks in reverse rank order with a
+/// one-element gap before each, receive blocks in rank order with a gap after each
+/// (the gaps must stay untouched). (send counts, send displs, recv counts, recv displs).
+fn a2av_layout(rank: usize, w: usize, n: usize) -> [Vec<usize>; 4] {
+    let sc: Vec<usize> = (0..w).map(|j| a2a_count(rank, j, n)).collect();
+    let rc: Vec<usize> = (0..w).map(|j| a2a_count(j, rank, n)).collect();
+    let (mut sd, mut at) = (vec![0; w], 0);
+    for j in (0..w).rev() {
+        sd[j] = at + 1;
+        at += 1 + sc[j];
+    }
+    let rd = rc.iter().scan(0, |at, &c| Some(std::mem::replace(at, *at + c + 1))).collect();
+    [sc, sd, rc, rd]
+}
+
+/// `RootedV` before the calls (`after == false`) or as every call must leave it.
+fn rooted_v(rank: usize, w: usize, n: usize, after: bool) -> RootedV {
+    let (r, wi, ni) = (rank as i64, w as i64, n as i64);
+    let (ga_root, gai_root, sc_root, sci_root) = rooted_roots(w);
+    let v = |f: &dyn Fn(i64) -> i64, len: usize| (0..len as i64).map(f).collect::<Vec<i64>>();
+    let block_r = |k: i64| k / ni.max(1) == r;
+    let counts: Vec<usize> = (0..w).map(|j| v_count(j, n)).collect();
+    let displs: Vec<i64> = counts.iter().scan(0, |at, &c| Some(std::mem::replace(at, *at + c as i64))).collect();
+    let (total, mine, at) = (counts.iter().sum::<usize>(), counts[rank], displs[rank]);
+    // All-gather-v: rank q's element i is q * 100_000 + i.
+    let owner = |k: i64| (0..w).rfind(|&j| displs[j] <= k).unwrap_or(0) as i64;
+    let gathered_v = v(&|k| owner(k) * 100_000 + k - displs[owner(k) as usize], total);
+    let own_only = v(&|k| if owner(k) == r && counts[rank] > 0 { owner(k) * 100_000 + k - at } else { -1 }, total);
+    // Reduce-scatter-v: rank q's element k is k * mult + q; summed, block `rank`.
+    let s0 = wi * (wi - 1) / 2;
+    let reduced = |mult: i64| v(&|j| wi * (at + j) * mult + s0, mine);
+    let rsv_ip_after = {
+        let mut b = v(&|k| 2 * k + r, total);
+        b[at as usize..at as usize + mine].copy_from_slice(&reduced(2));
+        b
+    };
+    // All-to-all-v: what `from` sends `to`, element i.
+    let a2a_val = |from: usize, to: usize, i: usize| (from * 1_000_000 + to * 10_000 + i) as i64;
+    let [sc, sd, rc, rd] = a2av_layout(rank, w, n);
+    let mut a2av_in = vec![-1; sd.iter().zip(&sc).map(|(d, c)| d + c).max().unwrap_or(0)];
+    let mut a2av_out = vec![-1; rd.iter().zip(&rc).map(|(d, c)| d + c + 1).max().unwrap_or(0)];
+    for j in 0..w {
+        (0..sc[j]).for_each(|i| a2av_in[sd[j] + i] = a2a_val(rank, j, i));
+        if after {
+            (0..rc[j]).for_each(|i| a2av_out[rd[j] + i] = a2a_val(j, rank, i));
+        }
+    }
+    RootedV {
+        ga_in: v(&|j| r * ni + j, n),
+        ga_out: match (rank == ga_root, after) {
+            (false, _) => Vec::new(),
+            (true, true) => v(&|k| k, w * n),
+            (true, false) => vec![-1; w * n],
+        },
+        ga_ip: match (rank == gai_root, after) {
+            (false, _) => v(&|j| 2 * (r * ni + j), n),
+            (true, true) => v(&|k| 2 * k, w * n),
+            (true, false) => v(&|k| if block_r(k) { 2 * k } else { -1 }, w * n),
+        },
+        sc_in: if rank == sc_root { v(&|k| 3 * k + 1, w * n) } else { Vec::new() },
+        sc_out: if after { v(&|j| 3 * (r * ni + j) + 1, n) } else { vec![-1; n] },
+        sc_ip: match (rank == sci_root, after) {
+            (true, _) => v(&|k| 5 * k + 2, w * n),
+            (false, true) => v(&|j| 5 * (r * ni + j) + 2, n),
+            (false, false) => vec![-1; n],
+        },
+        agv_in: v(&|i| r * 100_000 + i, mine),
+        agv_out: if after { gathered_v.clone() } else { vec![-1; total] },
+        agv_ip: if after { gathered_v } else { own_only },
+        rsv_in: v(&|k| k + r, total),
+        rsv_out: if after { reduced(1) } else { vec![-1; mine] },
+        rsv_ip: if after { rsv_ip_after } else { v(&|k| 2 * k + r, total) },
+        a2av_in,
+        a2av_out,
+    }
+}
+
+/// Every rooted and `*v` call issued at once in one scope, waited for in reverse order.
+fn run_rooted_v_step(c: &Communicator, n: usize) -> RootedV {
+    let (rank, w) = (c.rank(), c.world_size());
+    let (ga_root, gai_root, sc_root, sci_root) = rooted_roots(w);
+    let counts: Vec<usize> = (0..w).map(|j| v_count(j, n)).collect();
+    let [sc, sd, rc, rd] = a2av_layout(rank, w, n);
+    let mut b = rooted_v(rank, w, n, false);
+    let RootedV {
+        ga_in,
+        ga_out,
+        ga_ip,
+        sc_in,
+        sc_out,
+        sc_ip,
+        agv_in,
+        agv_out,
+        agv_ip,
+        rsv_in,
+        rsv_out,
+        rsv_ip,
+        a2av_in,
+        a2av_out,
+    } = &mut b;
+    c.scope(|s| {
+        let mut works = vec![
+            s.gather(ga_in, ga_out, ga_root),
+            s.gather_in_place(ga_ip, gai_root),
+            s.scatter(sc_in, sc_out, sc_root),
+            s.scatter_in_place(sc_ip, sci_root),
+            s.all_gather_v(agv_in, agv_out, &counts),
+            s.all_gather_v_in_place(agv_ip, &counts),
+            s.reduce_scatter_v(rsv_in, rsv_out, &counts, ReduceOp::Sum),
+            s.reduce_scatter_v_in_place(rsv_ip, &counts, ReduceOp::Sum),
+            s.all_to_all_v(a2av_in, &sc, &sd, a2av_out, &rc, &rd),
+        ];
+        let mut k = works.len();
+        while let Some(work) = works.pop() {
+            k -= 1;
+            work.wait().unwrap_or_else(|e| panic!("rank {rank}: call {k} of the rooted/v grid, n {n}: {e}"));
+        }
+    });
+    b
+}
+
+/// Every rooted and `*v` borrowed async call, issued all at once per rank, over `net`.
+fn rooted_v_grid(net: Net) {
+    for w in [1usize, 2, 3, 4, 7, 8] {
+        for n in [0usize, 1, 7, 1031] {
+            let got = on_ranks(comms(net, w, TIMEOUT), move |c| run_rooted_v_step(c, n));
+            for (rank, got) in got.into_iter().enumerate() {
+                let want = rooted_v(rank, w, n, true);
+                assert!(got == want, "{net:?}, world {w}, n {n}, rank {rank}: got {got:?}\nwant {want:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gather_scatter_and_v_calls_on_borrowed_buffers_give_exact_results() {
+    rooted_v_grid(Net::InProc);
+}
+
+#[test]
+fn gather_scatter_and_v_calls_on_borrowed_buffers_give_exact_results_over_shm() {
+    rooted_v_grid(Net::Shm);
+}
+
+#[test]
+fn gather_scatter_and_v_calls_on_borrowed_buffers_give_exact_results_over_tcp() {
+    rooted_v_grid(Net::Tcp);
+}
+
+#[test]
+fn a_v_call_with_a_wrong_output_length_fails_from_wait_and_the_ranks_stay_in_step() {
+    let got = on_ranks(comms(Net::InProc, 3, TIMEOUT), |c| {
+        let (rank, counts) = (c.rank(), [2usize, 0, 3]);
+        let input = vec![rank as i64 + 1; 5];
+        // One element too many: reduce-scatter-v's output is exactly counts[rank].
+        let mut long = vec![-1i64; counts[rank] + 1];
+        // Two elements short of the 5 the counts gather.
+        let mut short = vec![-1i64; 3];
+        let mut ok = vec![-1i64; 5];
+        c.scope(|s| {
+            let bad_rs = s.reduce_scatter_v(&input, &mut long, &counts, ReduceOp::Sum).wait().map(|_| ());
+            let bad_ag = s.all_gather_v(&input[..counts[rank]], &mut short, &counts).wait().map(|_| ());
+            // The failed calls took their turns on every rank alike: the next one runs.
+            let good = s.all_gather_v(&input[..counts[rank]], &mut ok, &counts).wait().map(|o| o.to_vec());
+            (bad_rs, bad_ag, good)
+        })
+    });
+    for (rank, (bad_rs, bad_ag, good)) in got.into_iter().enumerate() {
+        for (call, r) in [("reduce-scatter-v", bad_rs), ("all-gather-v", bad_ag)] {
+            match r {
+                Err(Error::InvalidArgument(m)) => {
+                    assert!(m.contains(&format!("rank {rank}")) && m.contains("output has"), "{call}: {m}")
+                }
+                other => panic!("rank {rank}: {call} with a wrong output length gave {other:?}"),
+            }
+        }
+        assert_eq!(good.expect("the call after the refused ones"), [1, 1, 3, 3, 3], "rank {rank}");
+    }
+}

@@ -59,9 +59,9 @@ impl Drop for InFlightCall {
 /// A call's buffers as the worker sees them: raw ranges, so that no reference to
 /// the output exists on the caller's side while the worker writes it.
 #[derive(Clone, Copy)]
-struct Ranges {
-    input: Option<(*const u8, usize)>,
-    output: (*mut u8, usize),
+pub(super) struct Ranges {
+    pub(super) input: Option<(*const u8, usize)>,
+    pub(super) output: (*mut u8, usize),
 }
 
 // SAFETY: made only from slices borrowed for a scope that waits for the call to end
@@ -164,7 +164,7 @@ impl<R> Drop for ScopedWork<'_, R> {
 fn unit_back(_: *mut u8, _: usize) {}
 
 /// Rebuild the output slice a completed call lent (`n` elements of `T` at `p`).
-fn slice_back<'scope, T: Element>(p: *mut u8, n: usize) -> &'scope mut [T] {
+pub(super) fn slice_back<'scope, T: Element>(p: *mut u8, n: usize) -> &'scope mut [T] {
     // SAFETY: `p`/`n` came from a `&'scope mut [T]` moved into the handle, the one
     // reference to that memory; the call using it has completed (its result was
     // received, so its writes happened before), and the handle hands it back once.
@@ -244,6 +244,25 @@ impl<'scope> Scope<'scope, '_> {
         lent: (*mut u8, usize),
         hand_back: fn(*mut u8, usize) -> R,
     ) -> ScopedWork<'scope, R> {
+        self.issue_with(ranges, lent, hand_back, move |core, ticket, input, output| {
+            if matches!(sig.op, OpKind::Send | OpKind::Recv) {
+                let buf = input.map_or((output.as_mut_ptr(), output.len()), |i| (i.as_ptr() as *mut u8, i.len()));
+                core.p2p_at(ticket, sig.op, buf, sig.dtype, sig.root as usize, None)
+            } else {
+                core.collective_at(ticket, sig, input, output)
+            }
+        })
+    }
+
+    /// Run `job` on the worker with the call's turn and its buffers (`ranges`, as
+    /// slices again); `lent` is what the handle hands back.
+    pub(super) fn issue_with<R>(
+        &'scope self,
+        ranges: Ranges,
+        lent: (*mut u8, usize),
+        hand_back: fn(*mut u8, usize) -> R,
+        job: impl FnOnce(&Core, u64, Option<&[u8]>, &mut [u8]) -> Result<()> + Send + 'static,
+    ) -> ScopedWork<'scope, R> {
         let call = self.in_flight.enter();
         let work = self.comm.spawn(move |core: &Core, ticket| {
             let _call = call;
@@ -259,12 +278,7 @@ impl<'scope> Scope<'scope, '_> {
                     std::slice::from_raw_parts_mut(output.0, output.1),
                 )
             };
-            if matches!(sig.op, OpKind::Send | OpKind::Recv) {
-                let buf = input.map_or((output.as_mut_ptr(), output.len()), |i| (i.as_ptr() as *mut u8, i.len()));
-                core.p2p_at(ticket, sig.op, buf, sig.dtype, sig.root as usize, None)
-            } else {
-                core.collective_at(ticket, sig, input, output)
-            }
+            job(core, ticket, input, output)
         });
         ScopedWork { work: Some(work), lent, hand_back, spent: false, scope: PhantomData }
     }
@@ -375,6 +389,43 @@ impl<'scope> Scope<'scope, '_> {
     ) -> ScopedWork<'scope, &'scope mut [T]> {
         self.typed(OpKind::Reduce, Ok(buf.len()), root, op, None, buf)
     }
+    /// [`Communicator::gather`], asynchronously; `wait` returns `output` (empty
+    /// off the root, as the blocking form allows).
+    pub fn gather<T: Element>(
+        &'scope self,
+        input: &'scope [T],
+        output: &'scope mut [T],
+        root: usize,
+    ) -> ScopedWork<'scope, &'scope mut [T]> {
+        self.typed(OpKind::Gather, Ok(input.len()), root, ReduceOp::Sum, Some(input), output)
+    }
+    /// [`Communicator::gather_in_place`], asynchronously; `wait` returns `buf`.
+    pub fn gather_in_place<T: Element>(
+        &'scope self,
+        buf: &'scope mut [T],
+        root: usize,
+    ) -> ScopedWork<'scope, &'scope mut [T]> {
+        let c = if root == self.comm.rank() { self.comm.core.block(buf.len()) } else { Ok(buf.len()) };
+        self.typed(OpKind::Gather, c, root, ReduceOp::Sum, None, buf)
+    }
+    /// [`Communicator::scatter`], asynchronously; `wait` returns `output`.
+    pub fn scatter<T: Element>(
+        &'scope self,
+        input: &'scope [T],
+        output: &'scope mut [T],
+        root: usize,
+    ) -> ScopedWork<'scope, &'scope mut [T]> {
+        self.typed(OpKind::Scatter, Ok(output.len()), root, ReduceOp::Sum, Some(input), output)
+    }
+    /// [`Communicator::scatter_in_place`], asynchronously; `wait` returns `buf`.
+    pub fn scatter_in_place<T: Element>(
+        &'scope self,
+        buf: &'scope mut [T],
+        root: usize,
+    ) -> ScopedWork<'scope, &'scope mut [T]> {
+        let c = if root == self.comm.rank() { self.comm.core.block(buf.len()) } else { Ok(buf.len()) };
+        self.typed(OpKind::Scatter, c, root, ReduceOp::Sum, None, buf)
+    }
     /// [`Communicator::all_to_all`], asynchronously.
     pub fn all_to_all<T: Element>(
         &'scope self,
@@ -454,7 +505,10 @@ impl<'scope> Scope<'scope, '_> {
 
 /// A call refused before it was issued (as the blocking form refuses it): no ticket
 /// taken, the buffer never lent to the worker.
-fn refused<'scope, T: Element>(e: crate::Error, out: (*mut u8, usize)) -> ScopedWork<'scope, &'scope mut [T]> {
+pub(super) fn refused<'scope, T: Element>(
+    e: crate::Error,
+    out: (*mut u8, usize),
+) -> ScopedWork<'scope, &'scope mut [T]> {
     let (_, rx) = mpsc::channel();
     let work = Some(Work { rx, done: Some(Err(e)) });
     ScopedWork { work, lent: out, hand_back: slice_back::<T>, spent: false, scope: PhantomData }

@@ -23,6 +23,7 @@
 //! (single-copy peers).
 
 mod async_borrowed;
+mod async_vcollectives;
 mod binding;
 mod borrowed;
 mod builder;

@@ -22,6 +22,36 @@ pub(super) fn packed(counts: &[usize]) -> Vec<usize> {
     counts.iter().scan(0usize, |at, &c| Some(std::mem::replace(at, at.saturating_add(c)))).collect()
 }
 
+/// A `*v` call's counts and displacements, owned: for a call that runs later on
+/// the worker, when the caller's arrays may be gone.
+#[derive(Default)]
+pub(super) struct OwnedBlocks {
+    pub(super) send_counts: Vec<usize>,
+    pub(super) send_displs: Vec<usize>,
+    pub(super) recv_counts: Vec<usize>,
+    pub(super) recv_displs: Vec<usize>,
+}
+
+impl OwnedBlocks {
+    pub(super) fn copy(v: VBlocks<'_>) -> Self {
+        OwnedBlocks {
+            send_counts: v.send_counts.to_vec(),
+            send_displs: v.send_displs.to_vec(),
+            recv_counts: v.recv_counts.to_vec(),
+            recv_displs: v.recv_displs.to_vec(),
+        }
+    }
+
+    pub(super) fn view(&self) -> VBlocks<'_> {
+        VBlocks {
+            send_counts: &self.send_counts,
+            send_displs: &self.send_displs,
+            recv_counts: &self.recv_counts,
+            recv_displs: &self.recv_displs,
+        }
+    }
+}
+
 /// One `*v` call's blocks and buffers, before the engine runs it.
 pub(super) struct VCall<'a> {
     pub(super) sig: CallSig,
@@ -33,7 +63,7 @@ pub(super) struct VCall<'a> {
 
 /// The signature of an all-gather-v or reduce-scatter-v: the sum of the counts,
 /// which every rank passing the same counts shares.
-fn sig_v<T: Element>(op: OpKind, counts: &[usize], rop: ReduceOp) -> CallSig {
+pub(super) fn sig_v<T: Element>(op: OpKind, counts: &[usize], rop: ReduceOp) -> CallSig {
     let total = counts.iter().fold(0u64, |s, &c| s.saturating_add(c as u64));
     CallSig::new(op, T::DTYPE, total, 0, rop)
 }

@@ -11,8 +11,8 @@
 
 use super::borrowed::{non_null, overlap};
 use super::calls::Core;
-use super::vcollectives::{packed, VCall};
-use super::Communicator;
+use super::vcollectives::{packed, OwnedBlocks, VCall};
+use super::{Communicator, Work};
 use crate::algorithm::VBlocks;
 use crate::error::{Error, Result};
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
@@ -78,7 +78,148 @@ impl Core {
     }
 }
 
+/// A checked raw `*v` call, its counts owned: ready to run now or on the worker.
+struct RawV {
+    sig: CallSig,
+    blocks: OwnedBlocks,
+    b: Checked,
+    /// In-place reduce-scatter-v: the byte offset of this rank's result, which
+    /// MPI_IN_PLACE wants at the start of the buffer.
+    to_start: Option<usize>,
+}
+
+// SAFETY: the pointers are the caller's buffers, promised valid and unused
+// elsewhere until the call completes, on whichever thread runs it.
+unsafe impl Send for RawV {}
+
+impl RawV {
+    /// Run the call at `ticket`; `send == recv` runs in place.
+    ///
+    /// # Safety
+    /// The buffers are valid for their lengths and unused elsewhere until this returns.
+    unsafe fn run(self, core: &Core, ticket: u64) -> Result<()> {
+        let b = &self.b;
+        let in_place = std::ptr::eq(b.send, b.recv.cast_const()) && b.send_len > 0 && b.recv_len > 0;
+        let (input, output) = if in_place {
+            // One buffer, as long as the longer side.
+            // SAFETY: the caller's promise.
+            (None, unsafe { std::slice::from_raw_parts_mut(b.recv, b.send_len.max(b.recv_len)) })
+        } else {
+            // SAFETY: the caller's promise; disjoint (checked in `buffers_v`).
+            unsafe {
+                (
+                    Some(std::slice::from_raw_parts(b.send, b.send_len)),
+                    std::slice::from_raw_parts_mut(b.recv, b.recv_len),
+                )
+            }
+        };
+        let call = VCall { sig: self.sig, blocks: self.blocks.view(), input, output };
+        core.collective_v_at(ticket, call)?;
+        if let Some(at) = self.to_start.filter(|_| std::ptr::eq(b.send, b.recv.cast_const()) && b.recv_len > 0) {
+            // SAFETY: both ranges lie inside the buffer; `copy` allows overlap.
+            unsafe { std::ptr::copy(b.recv.add(at), b.recv, b.recv_len) };
+        }
+        Ok(())
+    }
+}
+
 impl Communicator {
+    fn check_all_gather_v(
+        &self,
+        send: *const u8,
+        send_count: usize,
+        recv: *mut u8,
+        recv_counts: &[usize],
+        displs: &[usize],
+        dtype: DType,
+    ) -> Result<RawV> {
+        let (core, op) = (&self.core, OpKind::AllGatherV);
+        core.per_rank(op, "recv_counts", recv_counts)?;
+        core.per_rank(op, "displs", displs)?;
+        let own = recv_counts[core.rank];
+        if send_count != own {
+            return Err(
+                core.arg_v(op, format!("send_count {send_count} differs from recv_counts[{}] = {own}", core.rank))
+            );
+        }
+        let send_len = core.bytes_of(op, "send", Some(send_count), dtype)?;
+        let recv_len = core.bytes_of(op, "recv", VBlocks::extent(recv_counts, displs), dtype)?;
+        let b = core.buffers_v(op, (send, send_len), (recv, recv_len), true)?;
+        let total = recv_counts.iter().fold(0u64, |s, &c| s.saturating_add(c as u64));
+        let sig = CallSig::new(op, dtype, total, 0, ReduceOp::Sum);
+        let blocks = OwnedBlocks::copy(VBlocks { recv_counts, recv_displs: displs, ..VBlocks::default() });
+        Ok(RawV { sig, blocks, b, to_start: None })
+    }
+
+    fn check_reduce_scatter_v(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        recv_counts: &[usize],
+        dtype: DType,
+        rop: ReduceOp,
+    ) -> Result<RawV> {
+        let (core, op) = (&self.core, OpKind::ReduceScatterV);
+        core.per_rank(op, "recv_counts", recv_counts)?;
+        let sum = recv_counts.iter().try_fold(0usize, |s, &c| s.checked_add(c));
+        let send_len = core.bytes_of(op, "send", sum, dtype)?;
+        let recv_len = core.bytes_of(op, "recv", Some(recv_counts[core.rank]), dtype)?;
+        let b = core.buffers_v(op, (send, send_len), (recv, recv_len), true)?;
+        let displs = packed(recv_counts);
+        let sig = CallSig::new(op, dtype, sum.unwrap_or(0) as u64, 0, rop);
+        // In place the engine leaves the result at block `rank`; MPI_IN_PLACE's is
+        // at the start.
+        let to_start = Some(displs[core.rank] * dtype.size());
+        let blocks = OwnedBlocks { send_counts: recv_counts.to_vec(), send_displs: displs, ..OwnedBlocks::default() };
+        Ok(RawV { sig, blocks, b, to_start })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_all_to_all_v(
+        &self,
+        send: *const u8,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: *mut u8,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        dtype: DType,
+    ) -> Result<RawV> {
+        let (core, op) = (&self.core, OpKind::AllToAllV);
+        for (what, a) in [
+            ("send_counts", send_counts),
+            ("send_displs", send_displs),
+            ("recv_counts", recv_counts),
+            ("recv_displs", recv_displs),
+        ] {
+            core.per_rank(op, what, a)?;
+        }
+        let send_len = core.bytes_of(op, "send", VBlocks::extent(send_counts, send_displs), dtype)?;
+        let recv_len = core.bytes_of(op, "recv", VBlocks::extent(recv_counts, recv_displs), dtype)?;
+        let b = core.buffers_v(op, (send, send_len), (recv, recv_len), false)?;
+        let sig = CallSig::new(op, dtype, 0, 0, ReduceOp::Sum);
+        let blocks = OwnedBlocks::copy(VBlocks { send_counts, send_displs, recv_counts, recv_displs });
+        Ok(RawV { sig, blocks, b, to_start: None })
+    }
+
+    /// Run a checked call now.
+    ///
+    /// # Safety
+    /// As [`RawV::run`].
+    unsafe fn run_v_raw(&self, raw: RawV) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe { raw.run(&self.core, self.core.shared.take_ticket()) }
+    }
+
+    /// Issue a checked call on the worker.
+    ///
+    /// # Safety
+    /// As [`RawV::run`], until the work completes.
+    unsafe fn spawn_v_raw(&self, raw: RawV) -> Work<()> {
+        // SAFETY: the caller keeps the buffers valid and untouched until the Work completes.
+        self.spawn(move |core, t| unsafe { raw.run(core, t) })
+    }
+
     /// All-gather-v: `recv` receives rank `j`'s `send` (`recv_counts[j]` elements;
     /// this rank's `send_count` must equal `recv_counts[rank]`) at element
     /// `displs[j]`, MPI_Allgatherv. `send == recv` is in place (this rank's block
@@ -96,23 +237,28 @@ impl Communicator {
         displs: &[usize],
         dtype: DType,
     ) -> Result<()> {
-        let (core, op) = (&self.core, OpKind::AllGatherV);
-        core.per_rank(op, "recv_counts", recv_counts)?;
-        core.per_rank(op, "displs", displs)?;
-        let own = recv_counts[core.rank];
-        if send_count != own {
-            return Err(
-                core.arg_v(op, format!("send_count {send_count} differs from recv_counts[{}] = {own}", core.rank))
-            );
-        }
-        let send_len = core.bytes_of(op, "send", Some(send_count), dtype)?;
-        let recv_len = core.bytes_of(op, "recv", VBlocks::extent(recv_counts, displs), dtype)?;
-        let b = core.buffers_v(op, (send, send_len), (recv, recv_len), true)?;
-        let total = recv_counts.iter().fold(0u64, |s, &c| s.saturating_add(c as u64));
-        let sig = CallSig::new(op, dtype, total, 0, ReduceOp::Sum);
-        let blocks = VBlocks { recv_counts, recv_displs: displs, ..VBlocks::default() };
+        let raw = self.check_all_gather_v(send, send_count, recv, recv_counts, displs, dtype)?;
         // SAFETY: the caller's promise; out of place the two are disjoint (checked).
-        unsafe { self.run_v_raw(sig, blocks, &b) }
+        unsafe { self.run_v_raw(raw) }
+    }
+
+    /// [`Communicator::all_gather_v_raw`], asynchronously: the counts are copied
+    /// before this returns.
+    ///
+    /// # Safety
+    /// As [`Communicator::all_gather_v_raw`], until the work completes.
+    pub unsafe fn all_gather_v_async_raw(
+        &self,
+        send: *const u8,
+        send_count: usize,
+        recv: *mut u8,
+        recv_counts: &[usize],
+        displs: &[usize],
+        dtype: DType,
+    ) -> Result<Work<()>> {
+        let raw = self.check_all_gather_v(send, send_count, recv, recv_counts, displs, dtype)?;
+        // SAFETY: the caller's promise; out of place the two are disjoint (checked).
+        Ok(unsafe { self.spawn_v_raw(raw) })
     }
 
     /// Reduce-scatter-v: the reduction with `op` of every rank's `send` (blocks of
@@ -132,23 +278,27 @@ impl Communicator {
         dtype: DType,
         rop: ReduceOp,
     ) -> Result<()> {
-        let (core, op) = (&self.core, OpKind::ReduceScatterV);
-        core.per_rank(op, "recv_counts", recv_counts)?;
-        let sum = recv_counts.iter().try_fold(0usize, |s, &c| s.checked_add(c));
-        let send_len = core.bytes_of(op, "send", sum, dtype)?;
-        let recv_len = core.bytes_of(op, "recv", Some(recv_counts[core.rank]), dtype)?;
-        let b = core.buffers_v(op, (send, send_len), (recv, recv_len), true)?;
-        let displs = packed(recv_counts);
-        let sig = CallSig::new(op, dtype, sum.unwrap_or(0) as u64, 0, rop);
-        let blocks = VBlocks { send_counts: recv_counts, send_displs: &displs, ..VBlocks::default() };
+        let raw = self.check_reduce_scatter_v(send, recv, recv_counts, dtype, rop)?;
         // SAFETY: the caller's promise; out of place the two are disjoint (checked).
-        unsafe { self.run_v_raw(sig, blocks, &b)? };
-        if std::ptr::eq(b.send, b.recv.cast_const()) && recv_len > 0 {
-            // In place the engine leaves the result at block `rank`; MPI_IN_PLACE's
-            // is at the start. SAFETY: both lie inside the buffer; `copy` allows overlap.
-            unsafe { std::ptr::copy(b.recv.add(displs[core.rank] * dtype.size()), b.recv, recv_len) };
-        }
-        Ok(())
+        unsafe { self.run_v_raw(raw) }
+    }
+
+    /// [`Communicator::reduce_scatter_v_raw`], asynchronously: the counts are
+    /// copied before this returns.
+    ///
+    /// # Safety
+    /// As [`Communicator::reduce_scatter_v_raw`], until the work completes.
+    pub unsafe fn reduce_scatter_v_async_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        recv_counts: &[usize],
+        dtype: DType,
+        rop: ReduceOp,
+    ) -> Result<Work<()>> {
+        let raw = self.check_reduce_scatter_v(send, recv, recv_counts, dtype, rop)?;
+        // SAFETY: the caller's promise; out of place the two are disjoint (checked).
+        Ok(unsafe { self.spawn_v_raw(raw) })
     }
 
     /// All-to-all-v: `send_counts[j]` elements at element `send_displs[j]` of
@@ -170,44 +320,29 @@ impl Communicator {
         recv_displs: &[usize],
         dtype: DType,
     ) -> Result<()> {
-        let (core, op) = (&self.core, OpKind::AllToAllV);
-        for (what, a) in [
-            ("send_counts", send_counts),
-            ("send_displs", send_displs),
-            ("recv_counts", recv_counts),
-            ("recv_displs", recv_displs),
-        ] {
-            core.per_rank(op, what, a)?;
-        }
-        let send_len = core.bytes_of(op, "send", VBlocks::extent(send_counts, send_displs), dtype)?;
-        let recv_len = core.bytes_of(op, "recv", VBlocks::extent(recv_counts, recv_displs), dtype)?;
-        let b = core.buffers_v(op, (send, send_len), (recv, recv_len), false)?;
-        let sig = CallSig::new(op, dtype, 0, 0, ReduceOp::Sum);
-        let blocks = VBlocks { send_counts, send_displs, recv_counts, recv_displs };
+        let raw = self.check_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype)?;
         // SAFETY: the caller's promise; the two are disjoint (checked).
-        unsafe { self.run_v_raw(sig, blocks, &b) }
+        unsafe { self.run_v_raw(raw) }
     }
 
-    /// Run a checked raw `*v` call; `send == recv` runs in place.
+    /// [`Communicator::all_to_all_v_raw`], asynchronously: the counts and
+    /// displacements are copied before this returns.
     ///
     /// # Safety
-    /// The buffers are valid for their lengths and unused elsewhere until this returns.
-    unsafe fn run_v_raw(&self, sig: CallSig, blocks: VBlocks<'_>, b: &Checked) -> Result<()> {
-        let in_place = std::ptr::eq(b.send, b.recv.cast_const()) && b.send_len > 0 && b.recv_len > 0;
-        let (input, output) = if in_place {
-            // One buffer, as long as the longer side.
-            // SAFETY: the caller's promise.
-            (None, unsafe { std::slice::from_raw_parts_mut(b.recv, b.send_len.max(b.recv_len)) })
-        } else {
-            // SAFETY: the caller's promise; disjoint (checked in `buffers_v`).
-            unsafe {
-                (
-                    Some(std::slice::from_raw_parts(b.send, b.send_len)),
-                    std::slice::from_raw_parts_mut(b.recv, b.recv_len),
-                )
-            }
-        };
-        let call = VCall { sig, blocks, input, output };
-        self.core.collective_v_at(self.core.shared.take_ticket(), call)
+    /// As [`Communicator::all_to_all_v_raw`], until the work completes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_to_all_v_async_raw(
+        &self,
+        send: *const u8,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: *mut u8,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        dtype: DType,
+    ) -> Result<Work<()>> {
+        let raw = self.check_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype)?;
+        // SAFETY: the caller's promise; the two are disjoint (checked).
+        Ok(unsafe { self.spawn_v_raw(raw) })
     }
 }
