@@ -804,6 +804,60 @@ enum braid_result braid_all_to_all_v(const void *send,
                                      struct braid_comm *comm);
 
 /**
+ * `braid_all_gather_v`, asynchronously: `*work` receives the handle to wait on.
+ * The arrays are copied before this returns; the buffers are the call's until the
+ * work completes.
+ *
+ * # Safety
+ * As `braid_all_gather_v`, with the buffers valid until the work completes;
+ * `work` is NULL or valid for writing a pointer.
+ */
+enum braid_result braid_all_gather_v_async(const void *send,
+                                           size_t send_count,
+                                           void *recv,
+                                           const size_t *recv_counts,
+                                           const size_t *displs,
+                                           braid_dtype dtype,
+                                           struct braid_comm *comm,
+                                           struct braid_work **work);
+
+/**
+ * `braid_reduce_scatter_v`, asynchronously: `*work` receives the handle to wait
+ * on. `recv_counts` is copied before this returns; the buffers are the call's
+ * until the work completes.
+ *
+ * # Safety
+ * As `braid_reduce_scatter_v`, with the buffers valid until the work completes;
+ * `work` is NULL or valid for writing a pointer.
+ */
+enum braid_result braid_reduce_scatter_v_async(const void *send,
+                                               void *recv,
+                                               const size_t *recv_counts,
+                                               braid_dtype dtype,
+                                               braid_reduce_op op,
+                                               struct braid_comm *comm,
+                                               struct braid_work **work);
+
+/**
+ * `braid_all_to_all_v`, asynchronously: `*work` receives the handle to wait on.
+ * The four arrays are copied before this returns; the buffers are the call's
+ * until the work completes.
+ *
+ * # Safety
+ * As `braid_all_to_all_v`, with the buffers valid until the work completes;
+ * `work` is NULL or valid for writing a pointer.
+ */
+enum braid_result braid_all_to_all_v_async(const void *send,
+                                           const size_t *send_counts,
+                                           const size_t *send_displs,
+                                           void *recv,
+                                           const size_t *recv_counts,
+                                           const size_t *recv_displs,
+                                           braid_dtype dtype,
+                                           struct braid_comm *comm,
+                                           struct braid_work **work);
+
+/**
  * Block until the work has completed; its result (`BRAID_SUCCESS`, or the error
  * the call failed with — every later wait or test reports the same). The
  * buffers of the call are the caller's again once this returns.

@@ -3,16 +3,19 @@
 //! `BRAID_ERR_INVALID_ARGUMENT` naming it). Displacements may leave gaps and come
 //! in any order; blocks must not overlap. A NULL buffer is refused unless its
 //! counts give it zero bytes; sizes that overflow are refused before anything runs.
-//! Blocking only; not allowed between `braid_group_start` and `braid_group_end`.
+//! Each has an `_async` form that returns a work handle (as `braid_all_reduce_async`);
+//! it copies the arrays before it returns, so the caller may free them at once.
+//! Not allowed between `braid_group_start` and `braid_group_end`.
 
 use std::ffi::c_void;
 
-use braid::Communicator;
+use braid::{Communicator, Work};
 
 use crate::braid_result::{self, *};
 use crate::collectives::GROUP_ONLY_P2P;
 use crate::comm::{braid_comm, live};
-use crate::{dtype_of, entry, op_of, DTypeArg, Fail, OpArg, Res};
+use crate::work::braid_work;
+use crate::{dtype_of, entry, op_of, put, DTypeArg, Fail, OpArg, Res};
 
 /// The `world_size` entries of the array `what` at `p`.
 ///
@@ -37,6 +40,31 @@ unsafe fn run_v(name: &str, comm: *mut braid_comm, body: impl FnOnce(&Communicat
         }
         // SAFETY: the caller's promise on `comm`.
         body(unsafe { live(comm)? })?;
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// Run `body` as [`run_v`] does, and hand the work it issued back through `work`
+/// (NULL there on failure).
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `work` is NULL or valid for writing a pointer.
+unsafe fn run_v_async(
+    name: &str,
+    comm: *mut braid_comm,
+    work: *mut *mut braid_work,
+    body: impl FnOnce(&Communicator) -> Res<Work<()>>,
+) -> braid_result {
+    entry(name, || {
+        // SAFETY: the caller's promise on `work`.
+        unsafe { put(work, "work", std::ptr::null_mut())? };
+        if crate::group::open() {
+            return crate::group::queue(name, comm, Err(Fail::invalid(GROUP_ONLY_P2P)));
+        }
+        // SAFETY: the caller's promise on `comm`.
+        let w = body(unsafe { live(comm)? })?;
+        // SAFETY: the caller's promise on `work`.
+        unsafe { put(work, "work", braid_work::new(w))? };
         Ok(BRAID_SUCCESS)
     })
 }
@@ -125,6 +153,91 @@ pub unsafe extern "C" fn braid_all_to_all_v(
             let rc = per_rank("recv_counts", recv_counts, c)?;
             let rd = per_rank("recv_displs", recv_displs, c)?;
             Ok(c.all_to_all_v_raw(send.cast(), sc, sd, recv.cast(), rc, rd, dtype_of(dtype)?)?)
+        })
+    }
+}
+
+/// `braid_all_gather_v`, asynchronously: `*work` receives the handle to wait on.
+/// The arrays are copied before this returns; the buffers are the call's until the
+/// work completes.
+///
+/// # Safety
+/// As `braid_all_gather_v`, with the buffers valid until the work completes;
+/// `work` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_all_gather_v_async(
+    send: *const c_void,
+    send_count: usize,
+    recv: *mut c_void,
+    recv_counts: *const usize,
+    displs: *const usize,
+    dtype: DTypeArg,
+    comm: *mut braid_comm,
+    work: *mut *mut braid_work,
+) -> braid_result {
+    // SAFETY: the caller's promises, as documented.
+    unsafe {
+        run_v_async("braid_all_gather_v_async", comm, work, |c| {
+            let (counts, displs) = (per_rank("recv_counts", recv_counts, c)?, per_rank("displs", displs, c)?);
+            Ok(c.all_gather_v_async_raw(send.cast(), send_count, recv.cast(), counts, displs, dtype_of(dtype)?)?)
+        })
+    }
+}
+
+/// `braid_reduce_scatter_v`, asynchronously: `*work` receives the handle to wait
+/// on. `recv_counts` is copied before this returns; the buffers are the call's
+/// until the work completes.
+///
+/// # Safety
+/// As `braid_reduce_scatter_v`, with the buffers valid until the work completes;
+/// `work` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_reduce_scatter_v_async(
+    send: *const c_void,
+    recv: *mut c_void,
+    recv_counts: *const usize,
+    dtype: DTypeArg,
+    op: OpArg,
+    comm: *mut braid_comm,
+    work: *mut *mut braid_work,
+) -> braid_result {
+    // SAFETY: the caller's promises, as documented.
+    unsafe {
+        run_v_async("braid_reduce_scatter_v_async", comm, work, |c| {
+            let counts = per_rank("recv_counts", recv_counts, c)?;
+            Ok(c.reduce_scatter_v_async_raw(send.cast(), recv.cast(), counts, dtype_of(dtype)?, op_of(op)?)?)
+        })
+    }
+}
+
+/// `braid_all_to_all_v`, asynchronously: `*work` receives the handle to wait on.
+/// The four arrays are copied before this returns; the buffers are the call's
+/// until the work completes.
+///
+/// # Safety
+/// As `braid_all_to_all_v`, with the buffers valid until the work completes;
+/// `work` is NULL or valid for writing a pointer.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn braid_all_to_all_v_async(
+    send: *const c_void,
+    send_counts: *const usize,
+    send_displs: *const usize,
+    recv: *mut c_void,
+    recv_counts: *const usize,
+    recv_displs: *const usize,
+    dtype: DTypeArg,
+    comm: *mut braid_comm,
+    work: *mut *mut braid_work,
+) -> braid_result {
+    // SAFETY: the caller's promises, as documented.
+    unsafe {
+        run_v_async("braid_all_to_all_v_async", comm, work, |c| {
+            let sc = per_rank("send_counts", send_counts, c)?;
+            let sd = per_rank("send_displs", send_displs, c)?;
+            let rc = per_rank("recv_counts", recv_counts, c)?;
+            let rd = per_rank("recv_displs", recv_displs, c)?;
+            Ok(c.all_to_all_v_async_raw(send.cast(), sc, sd, recv.cast(), rc, rd, dtype_of(dtype)?)?)
         })
     }
 }

@@ -155,8 +155,8 @@ fn gather_and_scatter_with_every_root_and_layout_from_c() {
     run_ranks(&prog, 4);
 }
 
-/// Issue 34: braid_all_gather_v, braid_reduce_scatter_v and braid_all_to_all_v on 4
-/// ranks with uneven counts including zeros and displacements with gaps (left
+/// Issue 34: braid_all_gather_v, braid_reduce_scatter_v and braid_all_to_all_v, and
+/// their _async forms (arrays freed before the wait), on 4 ranks with uneven counts including zeros and displacements with gaps (left
 /// untouched), out of place and in place, exact in three dtypes; NULL arrays and
 /// buffers, a wrong send_count, overflowing displacements and overlapping buffers
 /// refused on every rank, naming the argument.

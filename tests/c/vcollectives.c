@@ -1,4 +1,6 @@
-/* All-gather-v, reduce-scatter-v and all-to-all-v from C, out of place and in place,
+/* All-gather-v, reduce-scatter-v and all-to-all-v from C, blocking and asynchronous
+ * (issued, then waited on: the arrays the async call was given are scribbled over
+ * and freed before the wait, as a caller may), out of place and in place,
  * with uneven counts including zeros, displacements in reverse order with gaps
  * (which must stay untouched), exact results in three dtypes; and refused calls
  * (NULL arrays, a NULL buffer, a wrong send_count, overflowing displacements,
@@ -12,6 +14,28 @@
 static braid_comm *comm;
 static int world;
 static const char *what = "";
+static int use_async; /* run the _async forms */
+
+/* A heap copy of `a` (world entries), handed to an async call in place of `a`. */
+static size_t *lent(const size_t *a) {
+    size_t *p = malloc(sizeof(size_t) * MAXW);
+    memcpy(p, a, sizeof(size_t) * (size_t)world);
+    return p;
+}
+
+/* Scribble over and free an array the async call was given: it must have copied it. */
+static void take_back(size_t *p) {
+    for (int j = 0; j < world; j++) p[j] = (size_t)0x7777777;
+    free(p);
+}
+
+/* Wait for an async call, then free its handle. */
+static void finish(braid_work *w, const char *call) {
+    CHECK(w != NULL, "%s %s: no work handle", what, call);
+    if (!w) return;
+    EXPECT_OK(braid_work_wait(w));
+    EXPECT_OK(braid_work_free(w));
+}
 
 /* Elements rank j contributes to the gathers and reductions: 0, 3, 1, 4, 2, 0, ... */
 static size_t cnt(int j) { return (size_t)(j * 3 % 5); }
@@ -54,7 +78,16 @@ static void all_gather_v(braid_dtype d, int in_place) {
     char *send = in_place ? recv : filled(d, mine);
     char *own = in_place ? recv + displs[g_rank] * dtype_size(d) : send;
     for (size_t i = 0; i < mine; i++) put(d, own, i, gv(g_rank, i));
-    EXPECT_OK(braid_all_gather_v(send, mine, recv, counts, displs, d, comm));
+    if (use_async) {
+        braid_work *w = NULL;
+        size_t *c = lent(counts), *p = lent(displs);
+        EXPECT_OK(braid_all_gather_v_async(send, mine, recv, c, p, d, comm, &w));
+        take_back(c);
+        take_back(p);
+        finish(w, "all_gather_v_async");
+    } else {
+        EXPECT_OK(braid_all_gather_v(send, mine, recv, counts, displs, d, comm));
+    }
     for (int j = 0; j < world; j++)
         for (size_t i = 0; i < counts[j]; i++)
             CHECK(get(d, recv, displs[j] + i) == gv(j, i), "%s all_gather_v in_place=%d: rank %d's [%zu] = %g, expected %g",
@@ -75,7 +108,15 @@ static void reduce_scatter_v(braid_dtype d, int in_place) {
     char *send = filled(d, total);
     for (size_t k = 0; k < total; k++) put(d, send, k, (double)(g_rank * 10 + (int)k));
     char *recv = in_place ? send : filled(d, mine + 1);
-    EXPECT_OK(braid_reduce_scatter_v(send, recv, counts, d, BRAID_SUM, comm));
+    if (use_async) {
+        braid_work *w = NULL;
+        size_t *c = lent(counts);
+        EXPECT_OK(braid_reduce_scatter_v_async(send, recv, c, d, BRAID_SUM, comm, &w));
+        take_back(c);
+        finish(w, "reduce_scatter_v_async");
+    } else {
+        EXPECT_OK(braid_reduce_scatter_v(send, recv, counts, d, BRAID_SUM, comm));
+    }
     for (size_t i = 0; i < mine; i++) {
         /* sum over ranks r of r * 10 + k, at k = off + i */
         double want = (double)(10 * world * (world - 1) / 2 + world * (int)(off + i));
@@ -105,7 +146,18 @@ static void all_to_all_v(braid_dtype d) {
     char *send = filled(d, sn), *recv = filled(d, rn);
     for (int j = 0; j < world; j++)
         for (size_t i = 0; i < sc[j]; i++) put(d, send, sd[j] + i, av(g_rank, j, i));
-    EXPECT_OK(braid_all_to_all_v(send, sc, sd, recv, rc, rd, d, comm));
+    if (use_async) {
+        braid_work *w = NULL;
+        size_t *a = lent(sc), *b = lent(sd), *c = lent(rc), *e = lent(rd);
+        EXPECT_OK(braid_all_to_all_v_async(send, a, b, recv, c, e, d, comm, &w));
+        take_back(a);
+        take_back(b);
+        take_back(c);
+        take_back(e);
+        finish(w, "all_to_all_v_async");
+    } else {
+        EXPECT_OK(braid_all_to_all_v(send, sc, sd, recv, rc, rd, d, comm));
+    }
     for (int j = 0; j < world; j++)
         for (size_t i = 0; i < rc[j]; i++)
             CHECK(get(d, recv, rd[j] + i) == av(j, g_rank, i), "%s all_to_all_v: from rank %d [%zu] = %g, expected %g",
@@ -146,6 +198,11 @@ static void refused(void) {
                BRAID_ERR_INVALID_ARGUMENT, "overlap");
     EXPECT_ERR(braid_reduce_scatter_v(buf, other, counts, BRAID_I32, 99, comm), BRAID_ERR_INVALID_ARGUMENT,
                "braid_reduce_op");
+    /* The async forms refuse as the blocking ones do, and leave no handle. */
+    braid_work *w = (braid_work *)&other;
+    EXPECT_ERR(braid_all_to_all_v_async(buf, counts, displs, buf + 1, counts, displs, BRAID_I32, comm, &w),
+               BRAID_ERR_INVALID_ARGUMENT, "overlap");
+    CHECK(w == NULL, "a refused async call left a work handle");
 }
 
 int main(void) {
@@ -155,15 +212,18 @@ int main(void) {
     EXPECT_OK(braid_comm_size(comm, &world));
     CHECK(world <= MAXW, "at most %d ranks", MAXW);
     const braid_dtype dtypes[3] = {BRAID_I32, BRAID_I64, BRAID_F64};
-    const char *names[3] = {"i32", "i64", "f64"};
-    for (int di = 0; di < 3 && world <= MAXW; di++) {
-        what = names[di];
-        for (int in_place = 0; in_place < 2; in_place++) {
-            all_gather_v(dtypes[di], in_place);
-            reduce_scatter_v(dtypes[di], in_place);
+    const char *names[2][3] = {{"i32", "i64", "f64"}, {"async i32", "async i64", "async f64"}};
+    for (use_async = 0; use_async < 2; use_async++) {
+        for (int di = 0; di < 3 && world <= MAXW; di++) {
+            what = names[use_async][di];
+            for (int in_place = 0; in_place < 2; in_place++) {
+                all_gather_v(dtypes[di], in_place);
+                reduce_scatter_v(dtypes[di], in_place);
+            }
+            all_to_all_v(dtypes[di]);
         }
-        all_to_all_v(dtypes[di]);
     }
+    use_async = 0;
     refused();
     what = "after the refused calls";
     all_to_all_v(BRAID_I32);
