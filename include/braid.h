@@ -588,6 +588,21 @@ enum braid_result braid_group_start(void);
 enum braid_result braid_group_end(void);
 
 /**
+ * `braid_group_end`, asynchronously: the outermost end issues every queued
+ * message together and `*work` receives the one handle that completes when all
+ * have (`braid_work_wait`, then `braid_work_free`); the buffers stay braid's until
+ * then. The group's messages must all be on one communicator (else
+ * `BRAID_ERR_INVALID_ARGUMENT` and nothing runs). Ending a nested group gives
+ * `*work = NULL` (nothing is issued yet). This is how a receive posted before a
+ * send to the same peer completes without a deadlock: both go in one group.
+ *
+ * # Safety
+ * `work` is NULL or valid for writing a pointer; the queued messages' buffers
+ * are valid until the work completes.
+ */
+enum braid_result braid_group_end_async(struct braid_work **work);
+
+/**
  * `braid_send` with a tag, which the receive it pairs with must carry too. Tags
  * are checked, not used to choose: a receive pairs with the peer's sends to this
  * rank in posting order (unlike MPI), and a receive whose tag differs fails with

@@ -171,6 +171,52 @@ pub extern "C" fn braid_group_end() -> braid_result {
     })
 }
 
+/// `braid_group_end`, asynchronously: the outermost end issues every queued
+/// message together and `*work` receives the one handle that completes when all
+/// have (`braid_work_wait`, then `braid_work_free`); the buffers stay braid's until
+/// then. The group's messages must all be on one communicator (else
+/// `BRAID_ERR_INVALID_ARGUMENT` and nothing runs). Ending a nested group gives
+/// `*work = NULL` (nothing is issued yet). This is how a receive posted before a
+/// send to the same peer completes without a deadlock: both go in one group.
+///
+/// # Safety
+/// `work` is NULL or valid for writing a pointer; the queued messages' buffers
+/// are valid until the work completes.
+#[no_mangle]
+pub unsafe extern "C" fn braid_group_end_async(work: *mut *mut braid_work) -> braid_result {
+    entry("braid_group_end_async", || {
+        // SAFETY: the caller's promise on `work`.
+        unsafe { put(work, "work", std::ptr::null_mut())? };
+        let group = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.depth == 0 {
+                return Err(Fail::invalid("no group is open on this thread (call braid_group_start first)"));
+            }
+            g.depth -= 1;
+            Ok((g.depth == 0).then(|| std::mem::take(&mut *g)))
+        })?;
+        let Some(Group { queued, failed, .. }) = group else { return Ok(BRAID_SUCCESS) };
+        if let Some(f) = failed {
+            return Err(Fail { msg: format!("nothing of the group ran: {}", f.msg), ..f });
+        }
+        let Some(&(comm, _)) = queued.first() else { return Ok(BRAID_SUCCESS) };
+        if queued.iter().any(|(c, _)| *c != comm) {
+            return Err(Fail::invalid(
+                "braid_group_end_async: the group's messages are on several communicators \
+                 (use braid_group_end, or one group per communicator)",
+            ));
+        }
+        // SAFETY: the caller's promise on the handles queued in the group.
+        let c = unsafe { live(comm)? };
+        let ops: Vec<P2p<'static>> = queued.into_iter().map(|(_, op)| op).collect();
+        // SAFETY: the buffers stay valid until the work completes (the caller's promise).
+        let w = unsafe { c.batch_p2p_async_raw(ops) };
+        // SAFETY: checked non-null by `put` above.
+        unsafe { put(work, "work", braid_work::new(w))? };
+        Ok(BRAID_SUCCESS)
+    })
+}
+
 /// `braid_send` with a tag, which the receive it pairs with must carry too. Tags
 /// are checked, not used to choose: a receive pairs with the peer's sends to this
 /// rank in posting order (unlike MPI), and a receive whose tag differs fails with

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import _lib
 from ._buffers import DType
-from ._comm import Communicator, ReduceOp
+from ._comm import P2pWork, Communicator, ReduceOp
 from ._errors import (
     AbortedError,
     BraidError,
@@ -60,6 +60,7 @@ __all__ = [
     "ReduceOp",
     "UnsupportedError",
     "Work",
+    "P2pWork",
     "library_path",
     "library_version",
     "set_log_level",

@@ -83,6 +83,11 @@ class Communicator:
         _lib.call("braid_comm_rank", handle, byref(rank))
         _lib.call("braid_comm_size", handle, byref(size))
         self._rank, self._size = rank.value, size.value
+        # Async sends and receives not yet issued: they go together as one group at
+        # this rank's next other call or wait (see `P2pWork`).
+        self._p2p_lock = threading.Lock()
+        self._p2p_queue: List[Tuple[str, Tuple[Any, ...], List[Pinned]]] = []
+        self._p2p_batch: Optional[_Batch] = None
 
     @property
     def rank(self) -> int:
@@ -114,6 +119,8 @@ class Communicator:
     @contextlib.contextmanager
     def _using(self, call: str) -> Iterator[c_void_p]:
         """The handle, held as by _acquire/_release, for the rarer calls."""
+        if self._p2p_queue and call != "braid_comm_abort":
+            self.flush_p2p()
         handle = self._acquire(call)
         try:
             yield handle
@@ -121,6 +128,8 @@ class Communicator:
             self._release()
 
     def _issue(self, call: str, args: Sequence[Any], pinned: Sequence[Pinned], result: Any, async_op: bool) -> Result:
+        if self._p2p_queue:
+            self.flush_p2p()
         handle = self._acquire(call)
         try:
             if async_op:
@@ -326,31 +335,85 @@ class Communicator:
         work: Optional[Work] = self._issue("braid_barrier", (), [], None, async_op)
         return work
 
-    def send(self, buf: Any, peer: int, *, tag: int = 0, async_op: bool = False) -> Optional[Work]:
+    def send(self, buf: Any, peer: int, *, tag: int = 0, async_op: bool = False) -> Any:
         """Send `buf` to rank `peer` (matched by its `recv` of the same size and
         dtype). A non-zero `tag` must be the receive's tag too: braid pairs a
         peer's messages in posting order and checks the tags (a mismatch fails
-        both calls naming both tags); it does not pick messages by tag."""
-        call = "braid_send" if tag == 0 else self._optional("braid_send_tagged", async_op)
+        both calls naming both tags); it does not pick messages by tag.
+        `async_op=True` returns a `P2pWork` (see there: async sends and receives
+        are issued together, so posting a receive before a send cannot deadlock)."""
         p = pin(buf, "send buffer", writable=False)
-        args = (p.address, p.count, int(p.dtype), self._peer(call, peer)) + self._tag_arg(call, tag)
-        work: Optional[Work] = self._issue(call, args, [p], None, async_op)
-        return work
+        return self._p2p(True, p, peer, tag, None, async_op)
 
     def recv(self, buf: Any, peer: int, *, tag: int = 0, async_op: bool = False) -> Result:
-        """Receive into `buf` from rank `peer` (with `tag`: see `send`)."""
-        call = "braid_recv" if tag == 0 else self._optional("braid_recv_tagged", async_op)
+        """Receive into `buf` from rank `peer` (with `tag` and `async_op`: see `send`)."""
         p = pin(buf, "recv buffer", writable=True)
-        args = (p.address, p.count, int(p.dtype), self._peer(call, peer)) + self._tag_arg(call, tag)
-        return self._issue(call, args, [p], buf, async_op)
+        return self._p2p(False, p, peer, tag, buf, async_op)
+
+    def _p2p(self, send: bool, p: Pinned, peer: int, tag: int, result: Any, async_op: bool) -> Any:
+        name = "braid_send" if send else "braid_recv"
+        if async_op and _lib.has("braid_group_end_async") and _lib.has(name + "_tagged"):
+            call = name + "_tagged"
+            try:
+                tagged = (p.address, p.count, int(p.dtype), self._peer(call, peer), self._tag_value(call, tag))
+            except BaseException:
+                p.release()
+                raise
+            with self._p2p_lock:
+                if self._p2p_batch is None:
+                    self._p2p_batch = _Batch()
+                self._p2p_queue.append((call, tagged, [p]))
+                return P2pWork(self, self._p2p_batch, call, result)
+        call = name if tag == 0 else self._optional(name + "_tagged", async_op)
+        try:
+            args = (p.address, p.count, int(p.dtype), self._peer(call, peer)) + self._tag_arg(call, tag)
+        except BaseException:
+            p.release()
+            raise
+        return self._issue(call, args, [p], result, async_op)
+
+    def flush_p2p(self) -> None:
+        """Issue the async sends and receives posted so far as one group (every
+        other call, and waiting on one of them, does this first)."""
+        with self._p2p_lock:
+            queue, batch = self._p2p_queue, self._p2p_batch
+            self._p2p_queue, self._p2p_batch = [], None
+            if not queue or batch is None:
+                return
+            pinned = [p for _, _, ps in queue for p in ps]
+            try:
+                handle = self._acquire("braid_group_end_async")
+            except BaseException as e:
+                for p in pinned:
+                    p.release()
+                batch.error = e
+                return
+            try:
+                lib = _lib.lib()
+                _lib.call("braid_group_start")
+                for call, args, _ in queue:
+                    # Inside the group a refused message is recorded by the library
+                    # and reported by the group's end (nothing of it runs then).
+                    getattr(lib, call)(*args, handle)
+                out = c_void_p()
+                _lib.call("braid_group_end_async", byref(out))
+                batch.work = Work(out, "braid_group_end_async", pinned, None)
+            except BaseException as e:  # noqa: BLE001 - kept for every P2pWork of the batch
+                for p in pinned:
+                    p.release()
+                batch.error = e
+            finally:
+                self._release()
 
     @staticmethod
-    def _tag_arg(call: str, tag: int) -> Tuple[int, ...]:
-        if tag == 0:
-            return ()
+    def _tag_value(call: str, tag: int) -> int:
         if not 0 <= tag < 2**32:
             raise InvalidArgumentError(f"{call}: tag {tag} is outside 0..2**32-1", call)
-        return (int(tag),)
+        return int(tag)
+
+    @classmethod
+    def _tag_arg(cls, call: str, tag: int) -> Tuple[int, ...]:
+        return () if tag == 0 else (cls._tag_value(call, tag),)
 
     def _optional(self, name: str, async_op: bool) -> str:
         """`name` (a newer C ABI call), checked present in the loaded libbraid."""
@@ -490,6 +553,8 @@ class Communicator:
         """Collective: wait for outstanding work, confirm with the peers and free
         the communicator. Raises (naming the peer) when one exited or aborted;
         the communicator is freed either way."""
+        if self._p2p_queue:
+            self.flush_p2p()
         with self._cond:
             if self._handle is None or self._closing:
                 return
@@ -522,3 +587,60 @@ class Communicator:
 
 
 __all__: List[str] = ["Communicator", "ReduceOp"]
+
+
+class _Batch:
+    """Async sends and receives issued together: their one `Work` once issued, or
+    the error that stopped the group."""
+
+    def __init__(self) -> None:
+        self.work: Optional[Work] = None
+        self.error: Optional[BaseException] = None
+
+
+class P2pWork:
+    """An async send or receive. It is issued together with every other async send
+    and receive this rank posts before its next other call on the communicator (or
+    a wait on one of them), as one group, so that a receive posted before a send to
+    the same peer completes instead of deadlocking (as with MPI's nonblocking
+    calls; braid runs one call at a time otherwise). Completes with its group."""
+
+    def __init__(self, comm: Communicator, batch: _Batch, call: str, result: Any) -> None:
+        self._comm = comm
+        self._batch = batch
+        self._call = call
+        self.result = result
+
+    def _work(self) -> Work:
+        if self._batch.work is None and self._batch.error is None:
+            self._comm.flush_p2p()
+        if self._batch.error is not None:
+            raise self._batch.error
+        assert self._batch.work is not None
+        return self._batch.work
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """As `Work.wait`: True once the group completed; raises its error."""
+        return self._work().wait(timeout)
+
+    def is_completed(self) -> bool:
+        try:
+            return self._work().is_completed()
+        except BaseException:  # noqa: BLE001 - a group that failed to start is complete
+            return True
+
+    def is_success(self) -> bool:
+        try:
+            return self._work().is_success()
+        except BaseException:  # noqa: BLE001
+            return False
+
+    def exception(self) -> Optional[BaseException]:
+        try:
+            return self._work().exception()
+        except BaseException as e:  # noqa: BLE001
+            return e
+
+    def __repr__(self) -> str:
+        state = "posted" if self._batch.work is None and self._batch.error is None else "issued"
+        return f"<braid.P2pWork {self._call} {state}>"

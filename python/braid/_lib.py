@@ -69,6 +69,8 @@ for _name in [n for n in REQUIRED if n.startswith(("braid_all_", "braid_reduce",
 _P2P_TAGGED = (c_void_p, c_size_t, c_int, c_int, c_uint32)  # buf, count, dtype, peer, tag
 _COUNTS = POINTER(c_size_t)
 OPTIONAL: Dict[str, Tuple[Any, ...]] = {
+    "braid_group_start": (),
+    "braid_group_end_async": (work_out,),
     "braid_send_tagged": _P2P_TAGGED + (comm_p,),
     "braid_recv_tagged": _P2P_TAGGED + (comm_p,),
     "braid_send_tagged_async": _P2P_TAGGED + (comm_p, work_out),
