@@ -324,6 +324,10 @@ pub struct CallSig {
     pub tag: u32,
 }
 
+/// The peer ([`CallSig::root`]) of a receive from any source
+/// ([`crate::Communicator::recv_any`]) until it knows its sender.
+pub const ANY_SOURCE: u32 = u32::MAX;
+
 /// Bit of [`CallSig::algo`] set when the call runs in reproducible mode.
 pub(crate) const REPRODUCIBLE: u8 = 0x80;
 
@@ -380,7 +384,9 @@ impl fmt::Display for CallSig {
         if self.op.rooted() {
             write!(f, ", root={}", self.root)?;
         }
-        if self.op.point_to_point() {
+        if self.op.point_to_point() && self.root == ANY_SOURCE {
+            write!(f, ", peer=any, tag={}", self.tag)?;
+        } else if self.op.point_to_point() {
             write!(f, ", peer={}, tag={}", self.root, self.tag)?;
         }
         if self.op.reduces() {

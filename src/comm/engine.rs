@@ -215,13 +215,7 @@ impl Engine {
         bufs: &mut Buffers,
         seqs: (u64, u64),
     ) -> Result<()> {
-        if self.aborted.load(Ordering::Relaxed) {
-            self.notice_abort();
-            return Err(Error::Aborted { rank: self.rank, call: Some(sig) });
-        }
-        if let Some(why) = &self.broken {
-            return Err(Error::Broken(why.clone()));
-        }
+        self.refuse_if_stopped(sig)?;
         let info = CallInfo {
             ctx: self.ctx(Some(sig), seqs.1),
             sig,
@@ -268,6 +262,18 @@ impl Engine {
             self.fail(e.to_string());
         }
         result
+    }
+
+    /// The error of a call `sig` made after an abort or an earlier failure, if any.
+    pub(super) fn refuse_if_stopped(&mut self, sig: CallSig) -> Result<()> {
+        if self.aborted.load(Ordering::Relaxed) {
+            self.notice_abort();
+            return Err(Error::Aborted { rank: self.rank, call: Some(sig) });
+        }
+        if let Some(why) = &self.broken {
+            return Err(Error::Broken(why.clone()));
+        }
+        Ok(())
     }
 
     /// Tell every peer why this rank stops, close the links, refuse later calls.

@@ -22,6 +22,7 @@
 //! (split, dup, new_group); `binding.rs` binding a communicator to a device
 //! (single-copy peers).
 
+mod any_source;
 mod async_borrowed;
 mod async_vcollectives;
 mod binding;

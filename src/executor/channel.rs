@@ -27,7 +27,7 @@ use std::os::fd::RawFd;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::frame::FrameKind;
+use crate::frame::{FrameKind, Header};
 use crate::transport::TransportKind;
 use crate::types::{DType, ReduceOp};
 
@@ -112,6 +112,18 @@ pub enum Readiness {
     },
 }
 
+/// What a peer's link holds next, as [`PeerChannel::next_data_frame`] finds it.
+#[derive(Clone, Copy, Debug)]
+pub enum NextFrame {
+    /// No complete data header yet.
+    Nothing,
+    /// The header of the next data frame, whose payload waits in the link.
+    Data(Header),
+    /// The peer closed its communicator in order after everything it sent was
+    /// read: it will send nothing more.
+    Closed,
+}
+
 /// One peer's end of the transfers of a call.
 ///
 /// Posted requests complete in posting order per direction; a call's requests are
@@ -169,6 +181,19 @@ pub trait PeerChannel: Send {
     /// (see [`super::wait_chain`]); None where the link cannot carry the question.
     fn wait_slot(&mut self) -> Option<&mut super::wait_chain::WaitSlot> {
         None
+    }
+
+    /// For a receive from any source, with nothing posted: read what the peer sent
+    /// up to the header of its next data frame and leave that frame (header read,
+    /// payload untouched) for the receive that will take it. Control frames on the
+    /// way are handled as a call's progress handles them. Links that cannot stop
+    /// between a header and its payload refuse (the default).
+    fn next_data_frame(&mut self, peer: usize, call: &CallInfo) -> Result<NextFrame> {
+        Err(Error::Unsupported(format!(
+            "{}: a receive from any source cannot look at the next frame from rank {peer} on a {} link",
+            call.ctx,
+            self.kind()
+        )))
     }
 
     /// The call ends (however it ends): revoke whatever the peer was allowed to read

@@ -37,6 +37,7 @@ use crate::device::{Device, DeviceBuffer, DevicePtr, PeerProcess};
 use crate::error::{Error, OpContext, Result};
 use crate::reduce;
 
+pub mod any_source;
 mod call_maps;
 pub mod channel;
 pub mod group;

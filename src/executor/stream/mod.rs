@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::Instant;
 
-use super::channel::{require_host, MemRegion, PeerChannel, Readiness, Reduction};
+use super::channel::{require_host, MemRegion, NextFrame, PeerChannel, Readiness, Reduction};
 use super::wait_chain::WaitSlot;
 use super::{peer_error, CallInfo};
 use crate::config::Tuning;
@@ -354,6 +354,24 @@ impl PeerChannel for StreamChannel {
 
     fn wait_slot(&mut self) -> Option<&mut WaitSlot> {
         Some(&mut self.wait)
+    }
+
+    /// With nothing posted, progress reads up to the next data header and stops
+    /// there (`Rx::Ready`): the frame stays whole for the receive that takes it.
+    fn next_data_frame(&mut self, peer: usize, call: &CallInfo) -> Result<NextFrame> {
+        if !self.inq.is_empty() || !self.out.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: looking for the next frame from rank {peer} with transfers posted",
+                call.ctx
+            )));
+        }
+        self.progress(peer, &mut [], call)?;
+        match &self.rx {
+            Rx::Ready(h) => Ok(NextFrame::Data(*h)),
+            Rx::Gone(Gone::Goodbye) => Ok(NextFrame::Closed),
+            Rx::Gone(g) => Err(g.error(call, peer)),
+            _ => Ok(NextFrame::Nothing),
+        }
     }
 
     fn end_call(&mut self) {
