@@ -667,6 +667,28 @@ enum braid_result braid_recv_tagged_async(void *buf,
                                           struct braid_work **work);
 
 /**
+ * Receive `count` elements into `buf` from whichever rank first sends this rank a
+ * message tagged `tag`, and write that rank into `*source` (MPI's
+ * `MPI_ANY_SOURCE`, torch's `recv(src=None)`). Each peer's sends are still taken
+ * in the order it made them: a peer whose next send carries another tag is
+ * passed over. Fails at once when no peer could still send a match
+ * (`BRAID_ERR_MISMATCH` naming one whose next send differs, or a peer that
+ * closed), after the communicator's timeout when none sends (`BRAID_ERR_TIMEOUT`),
+ * and as `braid_recv_tagged` when the send has another count or dtype. Host
+ * buffers; refused inside a group (which it fails, as collectives do).
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `buf` is NULL or valid for writing `count`
+ * elements; `source` is NULL or valid for writing an int.
+ */
+enum braid_result braid_recv_any(struct braid_comm *comm,
+                                 void *buf,
+                                 size_t count,
+                                 braid_dtype dtype,
+                                 uint32_t tag,
+                                 int *source);
+
+/**
  * Sets which of braid's log lines reach stderr, as `BRAID_DEBUG` does (which this
  * overrides): a `tracing` filter such as `"warn"`, `"debug"` or `"braid=trace"`.
  * `BRAID_ERR_INVALID_ARGUMENT` for NULL or a filter that does not parse (the

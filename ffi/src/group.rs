@@ -327,3 +327,44 @@ unsafe fn tagged_async(
         Ok(BRAID_SUCCESS)
     })
 }
+
+/// Receive `count` elements into `buf` from whichever rank first sends this rank a
+/// message tagged `tag`, and write that rank into `*source` (MPI's
+/// `MPI_ANY_SOURCE`, torch's `recv(src=None)`). Each peer's sends are still taken
+/// in the order it made them: a peer whose next send carries another tag is
+/// passed over. Fails at once when no peer could still send a match
+/// (`BRAID_ERR_MISMATCH` naming one whose next send differs, or a peer that
+/// closed), after the communicator's timeout when none sends (`BRAID_ERR_TIMEOUT`),
+/// and as `braid_recv_tagged` when the send has another count or dtype. Host
+/// buffers; refused inside a group (which it fails, as collectives do).
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `buf` is NULL or valid for writing `count`
+/// elements; `source` is NULL or valid for writing an int.
+#[no_mangle]
+pub unsafe extern "C" fn braid_recv_any(
+    comm: *mut braid_comm,
+    buf: *mut c_void,
+    count: usize,
+    dtype: DTypeArg,
+    tag: u32,
+    source: *mut c_int,
+) -> braid_result {
+    entry("braid_recv_any", || {
+        if open() {
+            return queue("braid_recv_any", comm, Err(Fail::invalid(crate::collectives::GROUP_ONLY_P2P)));
+        }
+        // Checked before anything is received: a message taken must be reported.
+        if source.is_null() {
+            return Err(Fail::invalid("source is NULL"));
+        }
+        // SAFETY: the caller's promise on `comm`.
+        let c = unsafe { live(comm)? };
+        let d = dtype_of(dtype)?;
+        // SAFETY: the caller's promise on `buf`.
+        let from = unsafe { c.recv_any_raw(buf.cast(), count, d, tag)? };
+        // SAFETY: checked not NULL; the caller's promise.
+        unsafe { put(source, "source", c_int::try_from(from).unwrap_or(c_int::MAX))? };
+        Ok(BRAID_SUCCESS)
+    })
+}

@@ -202,7 +202,9 @@ fn split_runs_two_halves_of_four_ranks_built_with_pkg_config() {
 /// Issue 34: braid_group_start/end around sends and receives (a ring of 16 MiB
 /// messages posted send-first, an exchange with every rank in nested groups with
 /// tags), bad groups refused before anything runs, and a tag mismatch failing on
-/// both ranks naming both tags; on 4 ranks.
+/// both ranks naming both tags; braid_recv_any taking each other rank's message
+/// once with its data, a NULL source and a group refusing it, and tagged receives
+/// by name after it still pairing; on 4 ranks.
 #[test]
 fn grouped_and_tagged_send_recv_from_c() {
     let prog = compile("gcc", "p2p_group.c", "p2p_group", &shared("-std=c11"));

@@ -103,7 +103,18 @@ impl Communicator {
         self.recv_any_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, tag)
     }
 
-    /// [`Communicator::recv_any`] into bytes of `dtype` (the C ABI's form).
+    /// [`Communicator::recv_any`] into `count` elements of `dtype` at `buf` (the C
+    /// ABI's form); NULL only for none.
+    ///
+    /// # Safety
+    /// `buf` is valid for writing `count` elements, used by nothing else until the
+    /// call returns.
+    pub unsafe fn recv_any_raw(&self, buf: *mut u8, count: usize, dtype: DType, tag: u32) -> Result<usize> {
+        let bytes = super::p2p_group::raw_bytes(buf, count, dtype)?;
+        self.core.recv_any_at(self.core.shared.take_ticket(), bytes, dtype, tag)
+    }
+
+    /// [`Communicator::recv_any`] into bytes of `dtype`.
     pub fn recv_any_bytes(&self, buf: &mut [u8], dtype: DType, tag: u32) -> Result<usize> {
         let t = self.core.shared.take_ticket();
         self.core.recv_any_at(t, (buf.as_mut_ptr(), buf.len()), dtype, tag)

@@ -91,7 +91,7 @@ impl<'a> P2p<'a> {
 
 /// The start and byte length of `count` elements of `dtype` at `buf`, checked; an
 /// empty message at NULL gets a dangling start, as an empty slice has.
-fn raw_bytes(buf: *mut u8, count: usize, dtype: DType) -> Result<(*mut u8, usize)> {
+pub(super) fn raw_bytes(buf: *mut u8, count: usize, dtype: DType) -> Result<(*mut u8, usize)> {
     let len = count
         .checked_mul(dtype.size())
         .filter(|&b| b <= isize::MAX as usize)

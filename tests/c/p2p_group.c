@@ -1,7 +1,8 @@
 /* braid_group_start/braid_group_end around sends and receives, and tags:
  * a ring of large messages posted send-first in one group, an exchange with every
  * rank (several tagged messages to each) in a nested group, groups refused before
- * anything runs, and a tag mismatch failing on both ranks of a pair.
+ * anything runs, a tag mismatch failing on both ranks of a pair, and receives
+ * from any source (braid_recv_any).
  * Run on 3 or more ranks: braid run -n 4 ./p2p_group */
 #include "check.h"
 
@@ -93,6 +94,38 @@ int main(void) {
         CHECK(strstr(braid_last_error(), "tag=5") != NULL, "receiver: %s", braid_last_error());
     }
     if (pair) braid_comm_destroy(pair);
+
+    /* Receive from any source: every other rank sends rank 0 a message tagged 21,
+     * then one tagged 22; rank 0 takes the first ones with braid_recv_any (each
+     * sender once, with its data), then the others by name, which pair only if
+     * braid_recv_any kept each link's order. */
+    int64_t any_msg[2] = {100 + g_rank, g_rank}, any_in[2] = {0, 0}, next = 0;
+    if (g_rank != 0) {
+        EXPECT_OK(braid_send_tagged(any_msg, 2, BRAID_I64, 0, 21, comm));
+        any_msg[0] += 1000;
+        EXPECT_OK(braid_send_tagged(any_msg, 1, BRAID_I64, 0, 22, comm));
+    } else {
+        int source = -1, seen[64] = {0};
+        EXPECT_ERR(braid_recv_any(comm, any_in, 2, BRAID_I64, 21, NULL), BRAID_ERR_INVALID_ARGUMENT, "source is NULL");
+        EXPECT_OK(braid_group_start());
+        EXPECT_ERR(braid_recv_any(comm, any_in, 2, BRAID_I64, 21, &source), BRAID_ERR_INVALID_ARGUMENT,
+                   "only braid_send");
+        EXPECT_ERR(braid_group_end(), BRAID_ERR_INVALID_ARGUMENT, "nothing of the group ran");
+        for (int k = 1; k < world && world <= 64; k++) {
+            source = -1;
+            EXPECT_OK(braid_recv_any(comm, any_in, 2, BRAID_I64, 21, &source));
+            CHECK(source > 0 && source < world, "braid_recv_any gave source %d", source);
+            if (source <= 0 || source >= world) continue;
+            seen[source]++;
+            CHECK(any_in[0] == 100 + source && any_in[1] == source, "from rank %d: %lld %lld", source,
+                  (long long)any_in[0], (long long)any_in[1]);
+        }
+        for (int p = 1; p < world && world <= 64; p++) {
+            CHECK(seen[p] == 1, "braid_recv_any took rank %d %d times", p, seen[p]);
+            EXPECT_OK(braid_recv_tagged(&next, 1, BRAID_I64, p, 22, comm));
+            CHECK(next == 1100 + p, "tagged receive from rank %d after braid_recv_any: %lld", p, (long long)next);
+        }
+    }
 
     EXPECT_OK(braid_barrier(comm));
     EXPECT_OK(braid_comm_destroy(comm));
