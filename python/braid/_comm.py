@@ -372,6 +372,24 @@ class Communicator:
             raise
         return self._issue(call, args, [p], result, async_op)
 
+    def recv_any(self, buf: Any, *, tag: int = 0) -> int:
+        """Receive into `buf` from whichever rank first sends this rank a message
+        with `tag` (MPI_ANY_SOURCE); returns that rank. Each peer's sends are still
+        taken in its order: a peer whose next send has another tag is passed over.
+        Blocking (async sends and receives posted before it are issued first)."""
+        call = self._optional("braid_recv_any", False)
+        if self._p2p_queue:
+            self.flush_p2p()
+        p = pin(buf, "recv_any buffer", writable=True)
+        source = c_int(-1)
+        handle = self._acquire(call)
+        try:
+            _lib.call(call, handle, p.address, p.count, int(p.dtype), self._tag_value(call, tag), byref(source))
+        finally:
+            p.release()
+            self._release()
+        return source.value
+
     def flush_p2p(self) -> None:
         """Issue the async sends and receives posted so far as one group (every
         other call, and waiting on one of them, does this first)."""

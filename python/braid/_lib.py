@@ -71,6 +71,7 @@ _COUNTS = POINTER(c_size_t)
 OPTIONAL: Dict[str, Tuple[Any, ...]] = {
     "braid_group_start": (),
     "braid_group_end_async": (work_out,),
+    "braid_recv_any": (comm_p, c_void_p, c_size_t, c_int, c_uint32, POINTER(c_int)),  # comm first
     "braid_send_tagged": _P2P_TAGGED + (comm_p,),
     "braid_recv_tagged": _P2P_TAGGED + (comm_p,),
     "braid_send_tagged_async": _P2P_TAGGED + (comm_p, work_out),

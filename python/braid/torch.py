@@ -594,10 +594,13 @@ class ProcessGroupBraid(dist.ProcessGroup):
         return self._work([work], list(tensors), back, source_rank=src)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> BraidWork:
-        raise UnsupportedError(
-            "braid backend recv_anysource: braid matches a receive to one named peer; "
-            "pass src= to recv (or use the gloo backend for receives from any source)"
-        )
+        """The receive runs now (braid's receive from any source is blocking): the
+        work returned is complete and names the source rank."""
+        t = self._one(tensors, "recv_anysource")
+        buf = self._bytes(t)
+        src = self._comm.recv_any(buf, tag=tag)
+        back = [] if t.is_contiguous() else [lambda: t.copy_(buf.view(t.dtype).view(t.shape))]
+        return self._work([], list(tensors), back, source_rank=src)
 
     recvAnysource = recv_anysource
 

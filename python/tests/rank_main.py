@@ -595,6 +595,17 @@ def uneven_and_tagged(kind: str) -> None:
         for work in works:
             work.wait()
         check("tagged ring async", got, [prv + 1] * 3)
+        # Receive from any source: rank 0 hears from every other rank exactly once.
+        if r == 0:
+            seen = []
+            for _ in range(w - 1):
+                got = a.empty(2)
+                src = comm.recv_any(got, tag=3)
+                check(f"recv_any from rank {src}", got, [src * 11] * 2)
+                seen.append(src)
+            assert sorted(seen) == list(range(1, w)), seen
+        else:
+            comm.send(a.make([r * 11] * 2), 0, tag=3)
         comm.barrier()
         if r in (0, 1):
             try:

@@ -205,8 +205,35 @@ def collectives(kind: str) -> None:
                 check("irecv from 0", r, block(0))
                 assert w.source_rank() == 0 and w._source_rank() == 0, w.source_rank()
                 dist.isend(t, dst=0).wait()
-            refused("tagged send", lambda: dist.send(t, dst=peer, tag=5), "tag 5")
-            refused("recv any source", lambda: dist.recv(torch.empty(N, dtype=torch.int64)), "recv_anysource")
+            # Tags: paired in posting order, and checked.
+            r = torch.empty(N, dtype=torch.int64)
+            if RANK == 0:
+                dist.send(t + 5, dst=1, tag=5)
+                dist.recv(r, src=1, tag=6)
+                check("tagged recv from 1", r, block(1) + 6)
+            else:
+                dist.recv(r, src=0, tag=5)
+                check("tagged recv from 0", r, block(0) + 5)
+                dist.send(t + 6, dst=0, tag=6)
+    # Receive from any source: rank 0 hears from every other rank once, learning who.
+    if WORLD > 1:
+        if RANK == 0:
+            seen = []
+            for _ in range(WORLD - 1):
+                r = torch.empty(N, dtype=torch.int64)
+                src = dist.recv(r, tag=9)
+                check(f"recv from any source (rank {src})", r, block(src) * 3)
+                seen.append(src)
+            assert sorted(seen) == list(range(1, WORLD)), seen
+        else:
+            dist.send(block(RANK) * 3, dst=0, tag=9)
+        # irecv posted before isend, both ways round a ring: no deadlock.
+        got = torch.empty(N, dtype=torch.int64)
+        recv_work = dist.irecv(got, src=(RANK - 1) % WORLD, tag=4)
+        send_work = dist.isend(block(RANK) + 4, dst=(RANK + 1) % WORLD, tag=4)
+        recv_work.wait()
+        send_work.wait()
+        check("irecv before isend ring", got, block((RANK - 1) % WORLD) + 4)
 
     # batch_isend_irecv: a ring exchange (every rank sends right, receives from the left).
     if WORLD > 1:
