@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use braid::algorithm::{algorithms_for, Algorithm};
-use braid::{CallSig, Communicator, DType, Error, OpKind, ReduceOp};
+use braid::{CallSig, Communicator, Config, DType, Error, OpKind, ReduceOp};
 use common::{comms, comms_checking_roots, on_ranks, Net};
 
 /// Rank `r`'s element `i`: distinct per rank and position, so a block in the wrong
@@ -85,10 +85,19 @@ fn scatter(c: &Communicator, count: usize, root: usize, in_place: bool, tag: &st
 const COUNTS: [usize; 4] = [0, 1, 97, (1 << 20) / 4 + 13];
 
 fn grid(net: Net, world: usize) {
-    let errors = on_ranks(comms(net, world, Duration::from_secs(60)), move |c| {
+    grid_on(comms(net, world, Duration::from_secs(60)), &format!("{net:?}"), None);
+}
+
+/// The grid over `comms`, every algorithm and the default, or only `only`.
+fn grid_on(comms: Vec<Communicator>, net: &str, only: Option<Algorithm>) {
+    let net = net.to_string();
+    let errors = on_ranks(comms, move |c| {
         let (r, n) = (c.rank(), c.world_size());
         for op in [OpKind::Gather, OpKind::Scatter] {
-            let algs = algorithms_for(op).iter().copied().map(Some).chain([None]);
+            let algs: Vec<Option<Algorithm>> = match only {
+                Some(a) => vec![Some(a)],
+                None => algorithms_for(op).iter().copied().map(Some).chain([None]).collect(),
+            };
             for alg in algs {
                 c.set_algorithm(alg);
                 if let Some(a) = alg {
@@ -102,7 +111,7 @@ fn grid(net: Net, world: usize) {
                     for root in [0, n - 1] {
                         for in_place in [false, true] {
                             let tag = format!(
-                                "{net:?} {op} via {name} world={n} rank={r} count={count} root={root} in_place={in_place}"
+                                "{net} {op} via {name} world={n} rank={r} count={count} root={root} in_place={in_place}"
                             );
                             let run = if op == OpKind::Gather { gather } else { scatter };
                             if let Err(e) = run(c, count, root, in_place, &tag) {
@@ -145,6 +154,18 @@ grid_tests! {
     tcp_w4: Net::Tcp, 4;
     tcp_w7: Net::Tcp, 7;
     tcp_w8: Net::Tcp, 8;
+}
+
+/// Hierarchical gather and scatter on in-process ranks labelled with hosts: two
+/// hosts of two; hosts of 3, 2 and 1; hosts whose ranks interleave, unevenly.
+#[test]
+fn hierarchical_on_host_layouts() {
+    for labels in [&[0, 0, 1, 1][..], &[0, 0, 0, 1, 1, 2], &[0, 1, 0, 1, 0, 1, 0], &[0, 1, 1, 2, 0, 1, 0]] {
+        let mut cfg = Config::new(0, labels.len());
+        cfg.timeout = Duration::from_secs(60);
+        let comms = Communicator::in_process_on_hosts(cfg, labels).unwrap();
+        grid_on(comms, &format!("hosts {labels:?}"), Some(Algorithm::Hierarchical));
+    }
 }
 
 /// Rank 1 passes root 1 to `op`, every other rank root 0: every rank must fail in

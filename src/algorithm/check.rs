@@ -120,8 +120,21 @@ pub fn check_agreed(
     algorithm: Option<Algorithm>,
     params: &PlanParams,
 ) -> Result<(), String> {
-    let hosts = vec![0; world];
-    let req = PlanRequest { op, rank: 0, world, count, elem_size, root, algorithm, hosts: &hosts, blocks: None };
+    check_agreed_on(op, &vec![0; world], count, elem_size, root, algorithm, params)
+}
+
+/// [`check_agreed`] for ranks spread over hosts, as [`check_on`] takes them.
+pub fn check_agreed_on(
+    op: OpKind,
+    hosts: &[usize],
+    count: usize,
+    elem_size: usize,
+    root: usize,
+    algorithm: Option<Algorithm>,
+    params: &PlanParams,
+) -> Result<(), String> {
+    let world = hosts.len();
+    let req = PlanRequest { op, rank: 0, world, count, elem_size, root, algorithm, hosts, blocks: None };
     let plain = plan_ranks(&req, params).map_err(|e| format!("{op} world={world} {e}"))?;
     let scheds: Vec<Schedule> =
         plain.iter().enumerate().map(|(rank, s)| super::with_agreement(s, rank, world)).collect();

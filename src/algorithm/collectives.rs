@@ -4,7 +4,8 @@
 //! checker rely on).
 
 use super::{
-    bruck, chain, dbtree, direct, gather, halving_doubling, hierarchical, ordered, pairwise, ring, tree, vblocks,
+    bruck, chain, dbtree, direct, gather, halving_doubling, hier_gather, hierarchical, ordered, pairwise, ring, tree,
+    vblocks,
 };
 use super::{Algorithm, PlanParams, PlanRequest, Region, Round, Schedule, Step};
 use crate::types::OpKind;
@@ -147,6 +148,8 @@ pub(crate) fn plan(req: &PlanRequest<'_>, params: &PlanParams) -> Result<Schedul
         (OpKind::Scatter, Algorithm::Direct) => Ok(gather::scatter_direct(req)),
         (OpKind::Gather, Algorithm::Tree) => Ok(gather::gather_tree(req)),
         (OpKind::Scatter, Algorithm::Tree) => Ok(gather::scatter_tree(req)),
+        (OpKind::Gather, Algorithm::Hierarchical) => Ok(hier_gather::gather(req, params)),
+        (OpKind::Scatter, Algorithm::Hierarchical) => Ok(hier_gather::scatter(req, params)),
         (OpKind::AllGatherV, Algorithm::Ring) => Ok(vblocks::all_gather_ring(req)),
         (OpKind::AllGatherV, Algorithm::Direct) => Ok(vblocks::all_gather_direct(req)),
         (OpKind::ReduceScatterV, Algorithm::Ring) => Ok(vblocks::reduce_scatter_ring(req)),

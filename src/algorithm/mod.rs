@@ -20,6 +20,7 @@ mod dbtree;
 mod direct;
 mod gather;
 mod halving_doubling;
+mod hier_gather;
 mod hierarchical;
 mod ordered;
 mod pairwise;
@@ -419,7 +420,7 @@ pub fn algorithms_for(op: OpKind) -> &'static [Algorithm] {
         OpKind::Broadcast | OpKind::Reduce => &[Algorithm::Chain, Algorithm::Tree, Algorithm::Hierarchical],
         OpKind::Barrier => &[Algorithm::Dissemination],
         OpKind::AllToAll => &[Algorithm::Pairwise],
-        OpKind::Gather | OpKind::Scatter => &[Algorithm::Direct, Algorithm::Tree],
+        OpKind::Gather | OpKind::Scatter => &[Algorithm::Direct, Algorithm::Tree, Algorithm::Hierarchical],
         OpKind::AllGatherV | OpKind::ReduceScatterV => &[Algorithm::Ring, Algorithm::Direct],
         OpKind::AllToAllV => &[Algorithm::Pairwise],
         OpKind::Send | OpKind::Recv => &[],

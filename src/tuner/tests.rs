@@ -190,13 +190,34 @@ fn gather_and_scatter_are_priced_and_large_ones_go_direct() {
         let call = Call { op, count: 1000, elem_size: 4, root: 3, hosts: &[0; 16], busy: &[] };
         let ranked = rank_candidates(&call, algorithms_for(op), links, &CostModel::default(), &PlanParams::default());
         let ranked = ranked.unwrap();
-        assert_eq!(ranked.len(), 2, "{op}: {ranked:?}");
+        assert_eq!(ranked.len(), 3, "{op}: {ranked:?}");
         assert!(ranked.iter().all(|c| c.terms.seconds() > 0.0), "{op}: {ranked:?}");
         for n in [4, 16] {
             assert_eq!(pick(op, 64 << 20, &vec![0; n], LinkClass::SharedMemory), Algorithm::Direct, "{op} {n} ranks");
         }
         // 63 messages into (or out of) one root against 6 rounds of one message.
         assert_eq!(pick(op, 4, &[0; 64], LinkClass::Tcp), Algorithm::Tree, "{op}: 64 ranks, 4 bytes");
+    }
+}
+
+/// Across hosts, hierarchical gather and scatter send one message per host over
+/// the network where direct sends one per rank: over 4 hosts of 16 ranks a small
+/// call is priced far below direct, near the tree (two rounds against six, but
+/// the root's host's 15 messages in one of them).
+#[test]
+fn gather_and_scatter_across_hosts_price_hierarchical_below_direct() {
+    let hosts: Vec<usize> = (0..64).map(|r| r / 16).collect();
+    let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
+    for op in [OpKind::Gather, OpKind::Scatter] {
+        let call = Call { op, count: 1, elem_size: 4, root: 0, hosts: &hosts, busy: &[] };
+        let ranked = rank_candidates(&call, algorithms_for(op), links, &CostModel::default(), &PlanParams::default());
+        let ranked = ranked.unwrap();
+        let seconds = |a| ranked.iter().find(|c| c.algorithm == a).map(|c| c.terms.seconds());
+        let (hier, direct, tree) =
+            (seconds(Algorithm::Hierarchical), seconds(Algorithm::Direct), seconds(Algorithm::Tree));
+        let (hier, direct, tree) = (hier.expect("hierarchical priced"), direct.unwrap(), tree.unwrap());
+        assert!(hier * 4.0 < direct, "{op}: {ranked:?}");
+        assert!(hier < tree * 2.0, "{op}: {ranked:?}");
     }
 }
 
