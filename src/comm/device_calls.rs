@@ -125,6 +125,80 @@ impl Communicator {
         self.collective_device(CallSig::new(OpKind::Reduce, dtype, n, root as u32, op), Some(input), output)
     }
 
+    /// Gather every rank's `input` into `output` (`world_size` blocks in rank order)
+    /// at `root`; other ranks pass None (or an empty buffer).
+    pub fn gather_device(
+        &self,
+        input: &DeviceBuffer,
+        output: Option<&mut DeviceBuffer>,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
+        let n = self.elements(input.len(), dtype, "gather")?;
+        let sig = CallSig::new(OpKind::Gather, dtype, n, root as u32, ReduceOp::Sum);
+        match output {
+            Some(out) => self.collective_device(sig, Some(input), out),
+            // SAFETY: `input` is an allocation of its device borrowed for the call;
+            // the output range is empty, so nothing is written.
+            None => unsafe {
+                self.collective_device_raw(input.device(), sig, Some((input.ptr(), input.len())), (input.ptr(), 0))
+            },
+        }
+    }
+
+    /// Gather in place: at `root`, `buf` holds `world_size` blocks with the root's
+    /// own already at block `root`; elsewhere `buf` is the rank's block.
+    pub fn gather_device_in_place(&self, buf: &mut DeviceBuffer, dtype: DType, root: usize) -> Result<()> {
+        let n = self.rooted_count(buf.len(), dtype, "gather", root)?;
+        self.collective_device(CallSig::new(OpKind::Gather, dtype, n, root as u32, ReduceOp::Sum), None, buf)
+    }
+
+    /// Scatter `root`'s `input` (`world_size` blocks): rank `j`'s `output` receives
+    /// block `j`. Other ranks pass None (or an empty buffer).
+    pub fn scatter_device(
+        &self,
+        input: Option<&DeviceBuffer>,
+        output: &mut DeviceBuffer,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
+        let n = self.elements(output.len(), dtype, "scatter")?;
+        let sig = CallSig::new(OpKind::Scatter, dtype, n, root as u32, ReduceOp::Sum);
+        match input {
+            Some(i) => self.collective_device(sig, Some(i), output),
+            // SAFETY: `output` is an allocation of its device borrowed mutably for
+            // the call; the input range is empty, so nothing is read.
+            None => unsafe {
+                let out = (output.ptr(), output.len());
+                self.collective_device_raw(&output.device().clone(), sig, Some((output.ptr(), 0)), out)
+            },
+        }
+    }
+
+    /// Scatter in place: at `root`, `buf` holds `world_size` blocks and keeps its
+    /// own at block `root`; elsewhere `buf` receives the rank's block.
+    pub fn scatter_device_in_place(&self, buf: &mut DeviceBuffer, dtype: DType, root: usize) -> Result<()> {
+        let n = self.rooted_count(buf.len(), dtype, "scatter", root)?;
+        self.collective_device(CallSig::new(OpKind::Scatter, dtype, n, root as u32, ReduceOp::Sum), None, buf)
+    }
+
+    /// Elements of one block of an in-place gather or scatter: the root's buffer
+    /// holds `world_size` of them, another rank's one.
+    fn rooted_count(&self, bytes: usize, dtype: DType, what: &str, root: usize) -> Result<u64> {
+        let n = self.elements(bytes, dtype, what)?;
+        if root != self.rank() {
+            return Ok(n);
+        }
+        let world = self.world_size() as u64;
+        if !n.is_multiple_of(world) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {what} at root {root}: the root's buffer of {n} {dtype} does not split into {world} equal blocks",
+                self.rank()
+            )));
+        }
+        Ok(n / world)
+    }
+
     /// Send block `j` of `input` to rank `j`; receive rank `j`'s block `rank` into block `j` of `output`.
     pub fn all_to_all_device(&self, input: &DeviceBuffer, output: &mut DeviceBuffer, dtype: DType) -> Result<()> {
         let c = self.core.block(self.elements(input.len(), dtype, "all-to-all")? as usize)?;
