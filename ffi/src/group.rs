@@ -125,6 +125,24 @@ pub extern "C" fn braid_group_start() -> braid_result {
     })
 }
 
+/// Close this thread's innermost open group: the outermost close hands back its
+/// queued messages (None for a nested one), or the failure recorded while queueing.
+fn close_group() -> Res<Option<Vec<(*mut braid_comm, P2p<'static>)>>> {
+    let group = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Fail::invalid("no group is open on this thread (call braid_group_start first)"));
+        }
+        g.depth -= 1;
+        Ok((g.depth == 0).then(|| std::mem::take(&mut *g)))
+    })?;
+    let Some(Group { queued, failed, .. }) = group else { return Ok(None) };
+    if let Some(f) = failed {
+        return Err(Fail { msg: format!("nothing of the group ran: {}", f.msg), ..f });
+    }
+    Ok(Some(queued))
+}
+
 /// End the group `braid_group_start` opened. The outermost end posts every
 /// queued message together (each communicator's in one call, all communicators
 /// at once) and returns when all have completed, with the first failure if any.
@@ -133,18 +151,7 @@ pub extern "C" fn braid_group_start() -> braid_result {
 #[no_mangle]
 pub extern "C" fn braid_group_end() -> braid_result {
     entry("braid_group_end", || {
-        let group = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.depth == 0 {
-                return Err(Fail::invalid("no group is open on this thread (call braid_group_start first)"));
-            }
-            g.depth -= 1;
-            Ok((g.depth == 0).then(|| std::mem::take(&mut *g)))
-        })?;
-        let Some(Group { queued, failed, .. }) = group else { return Ok(BRAID_SUCCESS) };
-        if let Some(f) = failed {
-            return Err(Fail { msg: format!("nothing of the group ran: {}", f.msg), ..f });
-        }
+        let Some(queued) = close_group()? else { return Ok(BRAID_SUCCESS) };
         let mut by_comm: Vec<(*mut braid_comm, Vec<P2p<'static>>)> = Vec::new();
         for (comm, op) in queued {
             match by_comm.iter_mut().find(|(c, _)| *c == comm) {
@@ -187,18 +194,7 @@ pub unsafe extern "C" fn braid_group_end_async(work: *mut *mut braid_work) -> br
     entry("braid_group_end_async", || {
         // SAFETY: the caller's promise on `work`.
         unsafe { put(work, "work", std::ptr::null_mut())? };
-        let group = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.depth == 0 {
-                return Err(Fail::invalid("no group is open on this thread (call braid_group_start first)"));
-            }
-            g.depth -= 1;
-            Ok((g.depth == 0).then(|| std::mem::take(&mut *g)))
-        })?;
-        let Some(Group { queued, failed, .. }) = group else { return Ok(BRAID_SUCCESS) };
-        if let Some(f) = failed {
-            return Err(Fail { msg: format!("nothing of the group ran: {}", f.msg), ..f });
-        }
+        let Some(queued) = close_group()? else { return Ok(BRAID_SUCCESS) };
         let Some(&(comm, _)) = queued.first() else { return Ok(BRAID_SUCCESS) };
         if queued.iter().any(|(c, _)| *c != comm) {
             return Err(Fail::invalid(
