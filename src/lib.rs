@@ -112,6 +112,7 @@
 pub mod algorithm;
 mod auth;
 pub mod bootstrap;
+pub mod ceiling;
 mod comm;
 pub mod config;
 pub mod device;

@@ -172,12 +172,12 @@ fn kill_mid_sweep(transport: &str) {
 }
 
 /// The rows of `braid perf`'s table, split at whitespace: `size count type redop root`,
-/// then `time algbw busbw #wrong` out of place and in place, then the algorithm.
+/// then `time algbw busbw bound% #wrong` out of place and in place, then the algorithm.
 fn perf_table(text: &str) -> Vec<Vec<&str>> {
     let rows: Vec<Vec<&str>> =
         text.lines().filter(|l| l.starts_with("  ")).map(|l| l.split_whitespace().collect()).collect();
     for row in &rows {
-        assert_eq!(row.len(), 14, "5 + 4 + 4 columns and the algorithm: {row:?}\n{text}");
+        assert_eq!(row.len(), 16, "5 + 5 + 5 columns and the algorithm: {row:?}\n{text}");
     }
     rows
 }
@@ -204,11 +204,20 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
             assert_eq!(row[4], if rooted { "2" } else { "-1" }, "{op}: {row:?}");
             // A barrier has no buffers: one measurement, in the in-place columns.
             let out_of_place = if op == "barrier" { "n/a" } else { "0" };
-            assert_eq!((row[8], row[12]), (out_of_place, "0"), "{op}: #wrong of each mode: {row:?}");
+            assert_eq!((row[9], row[14]), (out_of_place, "0"), "{op}: #wrong of each mode: {row:?}");
+            // Host buffers moving bytes have a memory bound; a barrier has none.
+            for bound in [row[13]].into_iter().chain((op != "barrier").then_some(row[8])) {
+                if op == "barrier" {
+                    assert_eq!(bound, "-", "{op}: {row:?}");
+                } else {
+                    let pct: f64 = bound.parse().unwrap_or_else(|_| panic!("{op}: bound% {bound}: {row:?}"));
+                    assert!(pct > 0.0 && pct.is_finite(), "{op}: {row:?}");
+                }
+            }
         }
     }
     // One mode alone: the other's columns say n/a.
-    for (flag, measured, absent) in [("--out-of-place", 5, 9), ("--in-place", 9, 5)] {
+    for (flag, measured, absent) in [("--out-of-place", 5, 10), ("--in-place", 10, 5)] {
         let out = Command::new(BRAID)
             .args([
                 "perf",
@@ -232,8 +241,8 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
         assert!(out.status.success(), "{flag}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
         let rows = perf_table(&text);
         assert_eq!(rows.len(), 1, "{text}");
-        assert!(rows[0][absent..absent + 4].iter().all(|c| *c == "n/a"), "{flag}: {text}");
-        assert_eq!(rows[0][measured + 3], "0", "{flag}: {text}");
+        assert!(rows[0][absent..absent + 5].iter().all(|c| *c == "n/a"), "{flag}: {text}");
+        assert_eq!(rows[0][measured + 4], "0", "{flag}: {text}");
     }
 }
 
@@ -241,7 +250,7 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
 /// not in the other's: rank 0's result is spoiled in one mode through the test hook.
 #[test]
 fn perf_counts_wrong_elements_per_mode() {
-    for (spoiled, wrong_at, right_at) in [("in-place", 12, 8), ("out-of-place", 8, 12)] {
+    for (spoiled, wrong_at, right_at) in [("in-place", 14, 9), ("out-of-place", 9, 14)] {
         let out = Command::new(BRAID)
             .args([
                 "perf",
@@ -442,6 +451,27 @@ fn perf_writes_json_lines() {
     let places: Vec<_> = rows.iter().map(|r| (r["bytes"].as_u64().unwrap(), r["place"].as_str().unwrap())).collect();
     assert_eq!(places, [(4096, "out-of-place"), (4096, "in-place"), (65536, "out-of-place"), (65536, "in-place")]);
     assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
+    // Each row's memory bound is the library's for a 2-rank all-reduce at the rates
+    // measured in the run, and its fraction is that bound over the row's time.
+    for r in &rows {
+        let num = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("missing {k}: {r}"));
+        let rates = braid::ceiling::MemoryRates {
+            copy: num("ceiling_copy_gbps") * 1e9,
+            reduce: num("ceiling_reduce_gbps") * 1e9,
+        };
+        assert!(rates.copy > 0.0 && rates.reduce > 0.0, "{r}");
+        let in_place = r["place"] == "in-place";
+        let work = braid::ceiling::memory_work(
+            braid::OpKind::AllReduce,
+            2,
+            r["bytes"].as_u64().unwrap() as usize,
+            in_place,
+            rates,
+        );
+        let bound_us = braid::ceiling::bound_seconds(work, rates) * 1e6;
+        assert!((num("bound_us") - bound_us).abs() <= 1e-6 * bound_us, "{bound_us}: {r}");
+        assert!((num("bound_fraction") - bound_us / num("time_us")).abs() <= 1e-6, "{r}");
+    }
 }
 
 /// The rows `braid ARGS --json FILE` wrote (ARGS split at spaces; a file of its own

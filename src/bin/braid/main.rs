@@ -5,6 +5,7 @@
 mod explain;
 mod launch;
 mod perf;
+mod perf_ceiling;
 mod perf_check;
 mod perf_device;
 mod plot;

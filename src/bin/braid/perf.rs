@@ -12,6 +12,7 @@ use braid::{CallSig, Communicator, Config, DType, OpKind, ReduceOp};
 use clap::Args;
 
 use crate::launch::{launch, Launch};
+use crate::perf_ceiling::{self, Ceiling};
 use crate::perf_check::{check, fill_inputs};
 use crate::perf_device::{self, DeviceBufs, DeviceChoice};
 use crate::plot;
@@ -528,6 +529,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     kinds.dedup();
     let transport_name = if kinds.is_empty() { "none".to_string() } else { kinds.join("+") };
     let modes = places(a);
+    let ceiling = Ceiling::measure(comm, a, &sizes(a), &modes)?;
     if rank == 0 {
         let redop = if a.op.reduces() { format!(" redop={}", a.reduce_op) } else { String::new() };
         let root = if a.op.rooted() { format!(" root={}", a.root) } else { String::new() };
@@ -545,10 +547,12 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             let links = if peers.is_empty() { "(alone)".into() } else { peers.join(" ") };
             println!("# rank {r}: {links}   cpus {}", cpus_of(r));
         }
+        println!("{}", ceiling.describe());
         println!("#");
-        let groups = format!("# {:47} {:^43} {:^43}", "", "out-of-place", "in-place");
+        let groups = format!("# {:47} {:^51} {:^51}", "", "out-of-place", "in-place");
         println!("{}", groups.trim_end());
-        let mode_cols = format!("{:>10} {:>11} {:>11} {:>8}", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+        let mode_cols =
+            format!("{:>10} {:>11} {:>11} {:>7} {:>8}", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound%", "#wrong");
         println!(
             "# {:>12} {:>12} {:>6} {:>6} {:>5} {mode_cols} {mode_cols} {:>6}",
             "size", "count", "type", "redop", "root", "algo"
@@ -593,7 +597,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             let mut labels: Vec<&str> = Vec::new();
             for place in [Place::OutOfPlace, Place::InPlace] {
                 let Some((_, m)) = per_mode.iter().find(|(p, _)| *p == place) else {
-                    cols.push(format!("{:>10} {:>11} {:>11} {:>8}", "n/a", "n/a", "n/a", "n/a"));
+                    cols.push(format!("{:>10} {:>11} {:>11} {:>7} {:>8}", "n/a", "n/a", "n/a", "n/a", "n/a"));
                     continue;
                 };
                 let (algo, t, wrong) = &m.rows[entry];
@@ -606,13 +610,21 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
                     labels.push(algo);
                 }
                 let w = wrong.map(|w| w.to_string()).unwrap_or_else(|| "N/A".into());
-                cols.push(format!("{:>10.2} {:>11.3} {:>11.3} {:>8}", t * 1e6, algbw, busbw, w));
+                let bound = ceiling.row(bytes, place, *t);
+                let bound_cell = perf_ceiling::cell(bound.as_ref());
+                cols.push(format!("{:>10.2} {:>11.3} {:>11.3} {bound_cell} {:>8}", t * 1e6, algbw, busbw, w));
                 if rank == 0 {
-                    let line = serde_json::json!({
+                    let mut line = serde_json::json!({
                         "op": op_label(a.op), "bytes": bytes, "count": count, "dtype": a.dtype.name(),
                         "ranks": n, "transport": transport_name, "algo": algo, "place": place.name(),
                         "time_us": t * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": wrong,
                     });
+                    if let Some(b) = &bound {
+                        line["bound_fraction"] = b.fraction.into();
+                        line["bound_us"] = b.bound_us().into();
+                        line["ceiling_copy_gbps"] = (b.rates.copy / 1e9).into();
+                        line["ceiling_reduce_gbps"] = (b.rates.reduce / 1e9).into();
+                    }
                     if let Some(f) = json.as_mut() {
                         writeln!(f, "{line}").map_err(|e| braid::Error::io("writing --json", e))?;
                     }
