@@ -6,6 +6,8 @@
 #   all-reduce 4 ranks (on however many cores there are), broadcast, all-gather,
 #   reduce-scatter, all-to-all with 2 ranks (Open MPI's all-to-all through our own
 #   results/probe/mpi_alltoall.c, timed like the shared peer: the peer has none).
+#   Any of ar2 bc2 ag2 rs2 with the suffix cma (ag2cma) runs braid alone with
+#   BRAID_CMA=1 (plain buffers single-copy); the summary compares it with the base.
 # Usage: BIN=target/release/braid MPI=/tmp/mpi/mpi_allreduce ROUNDS=3 OUT=/tmp/vs \
 #        results/vs_mpi.sh; results/vs_mpi_summarize.py /tmp/vs
 # (build the peer: mpicc -O2 -o /tmp/mpi/mpi_allreduce ../shared/peers/src/mpi_allreduce.c)
@@ -33,13 +35,16 @@ mpi_op() { case $1 in ar*) echo allreduce;; bc*) echo bcast;; ag*) echo allgathe
 ranks() { case $1 in *4*) echo 4;; *) echo 2;; esac; }
 braid() { # config round
   local c=$1 r=$2 extra=--in-place f="$OUT/braid-$1-r$2.jsonl"
+  local env=()
   [ "$c" = ar2reg ] && extra="--in-place --registered"
+  # *cma: plain buffers single-copy through process_vm_readv (BRAID_CMA=1).
+  case $c in *cma) env=(BRAID_CMA=1);; esac
   # The peer's all-to-all probe is out of place: so is braid's here.
   case $c in a2a*) extra=--out-of-place;; esac
   state "braid-$c-r$r"
   : > "$f"
   for s in ${SIZES//,/ }; do
-    $PRIO "$BIN" perf --op "$(braid_op "$c")" --ranks "$(ranks "$c")" -b "$s" -e "$s" -n "$ITERS" -w 10 -c 1 $extra \
+    env "${env[@]}" $PRIO "$BIN" perf --op "$(braid_op "$c")" --ranks "$(ranks "$c")" -b "$s" -e "$s" -n "$ITERS" -w 10 -c 1 $extra \
       --json "$f.part" > /dev/null 2>&1 || echo "FAILED braid $c $s round $r"
     cat "$f.part" >> "$f" 2>/dev/null; rm -f "$f.part"
   done
@@ -48,6 +53,7 @@ mpi() { # config round
   local c=$1 r=$2 op
   op=$(mpi_op "$c")
   [ "$op" = none ] || [ "$c" = ar2reg ] && return 0
+  case $c in *cma) return 0;; esac
   state "mpi-$c-r$r"
   local prog=("$MPI" --op "$op" --label sm --mode inplace)
   [ "$op" = alltoall ] && prog=("$A2A")

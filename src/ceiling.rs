@@ -2,31 +2,35 @@
 //! do for a call, this host's copy and reduce rates, and the time those give.
 //!
 //! A collective on one host moves bytes through memory, so however good its
-//! algorithm and protocol, it cannot beat the time the busiest rank needs to copy
-//! and reduce what the result requires of it. [`memory_work`] counts that work
-//! per collective: bytes the rank must copy (read once, write once) and bytes it
-//! must reduce into an accumulator (`acc ⊕= inc`: read two, write one), assuming
-//! single-copy access to the peers' data and the cheapest split of the work over
-//! the ranks. [`MemoryRates`] are what this host does per rank while every local
-//! rank works at once (every rank timing a [`Probe`] together); [`bound_seconds`]
-//! is the work at those rates. `braid perf` prints `bound / measured` for every row.
+//! algorithm and protocol, it cannot beat the time its ranks need to copy and
+//! reduce what the result requires. [`memory_work`] counts that work: the bytes
+//! the collective must copy (read once, write once) and reduce into an
+//! accumulator (`acc ⊕= inc`: read two, write one) summed over all ranks, with
+//! single-copy access to the peers' data, then spread evenly over the ranks
+//! (any rank can do any part: a root's peers can pull, a receiver's peer can
+//! push). [`MemoryRates`] are what one rank does while every rank works at once
+//! (every rank timing a [`Probe`] together); [`bound_seconds`] is one rank's
+//! share at those rates. `braid perf` prints `bound / measured` for every row.
 //!
 //! The bound is the collective's, not the algorithm's: an algorithm or a protocol
 //! that moves more bytes than it must (staging through a ring, a tree that copies
-//! the whole message at every level) shows as a lower fraction, which is what the
-//! column is for. Small calls are bound by latency, not memory: their fraction is
-//! tiny and says so.
+//! the whole message at every level) or leaves ranks idle (a broadcast only its
+//! receivers copy) shows as a lower fraction, which is what the column is for.
+//! Small calls are bound by latency, not memory: their fraction is tiny and says
+//! so.
 //!
 //! Work per rank, for a call of `S` bytes (nccl-tests' size: the all-gather's
 //! output, the reduce-scatter's input, the whole buffer of a root) on `n` ranks:
 //!
-//! | collective | reduce | copy |
+//! | collective | reduced | copied |
 //! |---|---|---|
 //! | all-reduce | `(n-1)/n·S` | `(n-1)/n·S` (reduce-scatter, then all-gather); or `(n-1)·S` reduced and nothing copied, whichever is faster |
+//! | reduce | `(n-1)/n·S` | `(n-1)/n²·S` (the reduced blocks to the root) |
 //! | reduce-scatter | `(n-1)/n·S` | 0 |
-//! | all-gather, all-to-all, gather, scatter | 0 | `(n-1)/n·S`, or `S` out of place (the rank's own block too) |
-//! | broadcast, send-recv | 0 | `S` (a receiver) |
-//! | reduce | as all-reduce (the root gathers the reduced blocks) | |
+//! | all-gather, all-to-all | 0 | `(n-1)/n·S`; `S` out of place (every rank's own block too) |
+//! | broadcast | 0 | `(n-1)/n·S`; `S` out of place (the root's own copy too) |
+//! | gather, scatter | 0 | `(n-1)/n²·S`; `S/n` out of place (the root's own block too) |
+//! | send-recv (every rank sends `S` and receives `S`) | 0 | `S` |
 //! | barrier | 0 | 0 |
 //!
 //! One rank alone moves nothing in place, and copies `S` out of place. The
@@ -62,10 +66,9 @@ pub struct MemoryRates {
     pub reduce: f64,
 }
 
-/// The least memory work of the busiest rank for `op` over `bytes` (nccl-tests'
+/// One rank's share of the least memory work of `op` over `bytes` (nccl-tests'
 /// size convention) on `ranks` ranks; `in_place` as the call. The table in the
-/// module docs; an all-reduce or reduce takes whichever split is faster at
-/// `rates`.
+/// module docs; an all-reduce takes whichever split is faster at `rates`.
 pub fn memory_work(op: OpKind, ranks: usize, bytes: usize, in_place: bool, rates: MemoryRates) -> MemoryWork {
     let (n, s) = (ranks.max(1) as f64, bytes as f64);
     let share = (n - 1.0) / n * s;
@@ -75,7 +78,7 @@ pub fn memory_work(op: OpKind, ranks: usize, bytes: usize, in_place: bool, rates
     }
     match op {
         OpKind::Barrier => MemoryWork::default(),
-        OpKind::AllReduce | OpKind::Reduce => {
+        OpKind::AllReduce => {
             let split = MemoryWork { copy: share, reduce: share };
             let one_shot = MemoryWork { copy: 0.0, reduce: (n - 1.0) * s };
             if bound_seconds(one_shot, rates) < bound_seconds(split, rates) {
@@ -84,14 +87,13 @@ pub fn memory_work(op: OpKind, ranks: usize, bytes: usize, in_place: bool, rates
                 split
             }
         }
+        OpKind::Reduce => MemoryWork { copy: share / n, reduce: share },
         OpKind::ReduceScatter | OpKind::ReduceScatterV => MemoryWork { copy: 0.0, reduce: share },
-        OpKind::AllGather
-        | OpKind::AllGatherV
-        | OpKind::AllToAll
-        | OpKind::AllToAllV
-        | OpKind::Gather
-        | OpKind::Scatter => copy(if in_place { share } else { s }),
-        OpKind::Broadcast | OpKind::Send | OpKind::Recv => copy(s),
+        OpKind::AllGather | OpKind::AllGatherV | OpKind::AllToAll | OpKind::AllToAllV | OpKind::Broadcast => {
+            copy(if in_place { share } else { s })
+        }
+        OpKind::Gather | OpKind::Scatter => copy(if in_place { share / n } else { s / n }),
+        OpKind::Send | OpKind::Recv => copy(s),
     }
 }
 
@@ -219,11 +221,17 @@ mod tests {
     #[test]
     fn gathers_copy_the_peers_blocks_and_their_own_out_of_place() {
         let r = rates(10.0, 5.0);
-        for op in [OpKind::AllGather, OpKind::AllToAll, OpKind::Gather, OpKind::Scatter] {
+        for op in [OpKind::AllGather, OpKind::AllToAll, OpKind::Broadcast] {
             let in_place = memory_work(op, 4, 4_000, true, r);
             assert_eq!(in_place, MemoryWork { copy: 3_000.0, reduce: 0.0 }, "{op:?}");
             assert!(close(bound_seconds(in_place, r), 3_000.0 / (10.0 * GB)));
             assert_eq!(memory_work(op, 4, 4_000, false, r), MemoryWork { copy: 4_000.0, reduce: 0.0 }, "{op:?}");
+        }
+        // A root's blocks: 3 of 1000 bytes move in all, 750 per rank; 4000 (1000 per
+        // rank) with the root's own block out of place.
+        for op in [OpKind::Gather, OpKind::Scatter] {
+            assert_eq!(memory_work(op, 4, 4_000, true, r), MemoryWork { copy: 750.0, reduce: 0.0 }, "{op:?}");
+            assert_eq!(memory_work(op, 4, 4_000, false, r), MemoryWork { copy: 1_000.0, reduce: 0.0 }, "{op:?}");
         }
     }
 
@@ -236,12 +244,12 @@ mod tests {
     }
 
     #[test]
-    fn a_receiver_of_a_broadcast_copies_everything() {
+    fn send_recv_copies_everything_and_reduce_only_the_root_blocks() {
         let r = rates(10.0, 5.0);
-        for op in [OpKind::Broadcast, OpKind::Send] {
-            assert_eq!(memory_work(op, 3, 1_000, true, r), MemoryWork { copy: 1_000.0, reduce: 0.0 }, "{op:?}");
-        }
-        assert_eq!(memory_work(OpKind::Reduce, 2, 1_000, true, r), memory_work(OpKind::AllReduce, 2, 1_000, true, r));
+        assert_eq!(memory_work(OpKind::Send, 3, 1_000, true, r), MemoryWork { copy: 1_000.0, reduce: 0.0 });
+        // Reduce at 4 ranks: all-reduce's reductions, but only the 3 reduced blocks
+        // other ranks hold go to the root: 3000 bytes, 750 per rank.
+        assert_eq!(memory_work(OpKind::Reduce, 4, 4_000, true, r), MemoryWork { copy: 750.0, reduce: 3_000.0 });
     }
 
     #[test]
