@@ -16,7 +16,7 @@
 //! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |
 //! | `BRAID_JOB_KEY` | shared secret every TCP link and TCP store connection proves (challenge-response; never sent); `braid run` generates one |
 //! | `BRAID_RENDEZVOUS_BYTES` | transfers at least this long go single-copy between ranks of a host (default 128K) |
-//! | `BRAID_CMA` | `1`: plain buffers between processes of a host go single-copy through `process_vm_readv` |
+//! | `BRAID_CMA` | plain buffers between processes of a host go single-copy through `process_vm_readv` in exchanges (`exchange`, the default: both ranks send and receive plain data in the same round), in every transfer (`1`) or never (`0`) |
 //! | `BRAID_FORWARD_GRAIN` | smallest piece of a forward written on memory links while its reduction goes on (default 16K) |
 //! | `BRAID_FORWARD_PASS_BYTES` | bytes of a forwarded segment reduced per pass before its forward gets a turn (default 256K) |
 //! | `BRAID_PEER_CHUNK` | single-copy reductions read the peer's data in chunks of this size (default 1M) |
@@ -382,9 +382,15 @@ impl FromStr for StreamPolicy {
 pub struct Tuning {
     /// Transfers at least this long go single-copy on links that can read peer memory.
     pub rendezvous_bytes: usize,
-    /// Plain (unregistered) buffers between processes go single-copy through
-    /// `process_vm_readv` (off by default: the shared ring measured faster).
+    /// Plain (unregistered) buffers between processes may go single-copy through
+    /// `process_vm_readv` (probed at connect time; `BRAID_CMA=0` turns it off).
     pub cma: bool,
+    /// With `cma`, plain buffers go single-copy only in exchanges (the default,
+    /// `BRAID_CMA=exchange`; `1` for every transfer): a one-way transfer measured
+    /// faster through the shared ring, whose two copies then run on two cores at
+    /// once (2 ranks, 16 MiB: all-gather 1.9x faster single-copy, broadcast 1.1x
+    /// slower; results/one-host-2026-11-27.md).
+    pub cma_exchanges_only: bool,
     /// Smallest piece of a forward written on memory links while its reduction goes on.
     pub forward_grain: usize,
     /// Bytes of a forwarded segment reduced per pass before its forward gets a turn.
@@ -403,7 +409,8 @@ impl Default for Tuning {
     fn default() -> Tuning {
         Tuning {
             rendezvous_bytes: crate::executor::stream::RENDEZVOUS_BYTES,
-            cma: false,
+            cma: true,
+            cma_exchanges_only: true,
             forward_grain: crate::executor::stream::FORWARD_GRAIN,
             forward_pass_bytes: crate::executor::stream::FORWARD_PASS_BYTES,
             peer_chunk: crate::executor::stream::PEER_CHUNK,
@@ -443,8 +450,10 @@ impl Tuning {
         if let Some(v) = get("BRAID_NT_STORES") {
             t.nt_stores = v.parse().map_err(|e| Error::Config(format!("BRAID_NT_STORES: {e}")))?;
         }
-        if let Some(on) = flag(get, "BRAID_CMA")? {
-            t.cma = on;
+        if get("BRAID_CMA").is_some_and(|v| v.trim().eq_ignore_ascii_case("exchange")) {
+            (t.cma, t.cma_exchanges_only) = (true, true);
+        } else if let Some(on) = flag(get, "BRAID_CMA")? {
+            (t.cma, t.cma_exchanges_only) = (on, false);
         }
         Ok(t)
     }
@@ -664,6 +673,7 @@ mod tests {
         let want = Tuning {
             rendezvous_bytes: 1 << 20,
             cma: true,
+            cma_exchanges_only: false,
             forward_grain: 4096,
             forward_pass_bytes: 65536,
             peer_chunk: 262144,
@@ -671,6 +681,15 @@ mod tests {
             nt_stores: StreamPolicy::Off,
         };
         assert_eq!(t, want);
+        let cma = |v: &'static str| {
+            let t = cfg(&[base[0], base[1], ("BRAID_CMA", v)]).unwrap().tuning;
+            (t.cma, t.cma_exchanges_only)
+        };
+        // Exchanges by default; `exchange` says so, `0` is off, `1` everywhere.
+        assert_eq!((Tuning::default().cma, Tuning::default().cma_exchanges_only), (true, true));
+        assert_eq!(cma("Exchange"), (true, true));
+        assert_eq!(cma("0"), (false, false));
+        assert_eq!(cma("on"), (true, false));
         for (k, v) in [
             ("BRAID_RENDEZVOUS_BYTES", "lots"),
             ("BRAID_CMA", "maybe"),

@@ -177,6 +177,13 @@ pub trait PeerChannel: Send {
     /// free the memory) while this side still has it mapped. Others ignore it.
     fn last_receives_posted(&mut self) {}
 
+    /// Said just before a plain send is posted: whether the same round also
+    /// receives plain data from that peer (an exchange, both ranks busy moving
+    /// bytes). A channel that can read the peer's memory may then send the data
+    /// single-copy where a one-way transfer goes faster through its ring (see
+    /// `stream::single_copy`). Others ignore it.
+    fn next_send_is_exchange(&mut self, _exchange: bool) {}
+
     /// The channel's part in asking whom a peer waits for when a call times out
     /// (see [`super::wait_chain`]); None where the link cannot carry the question.
     fn wait_slot(&mut self) -> Option<&mut super::wait_chain::WaitSlot> {

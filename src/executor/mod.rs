@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::algorithm::{BufId, Region, Schedule, Step};
+use crate::algorithm::{BufId, Region, Round, Schedule, Step};
 use crate::device::{Device, DeviceBuffer, DevicePtr, PeerProcess};
 use crate::error::{Error, OpContext, Result};
 use crate::reduce;
@@ -274,6 +274,20 @@ impl Drop for CallEnd<'_, '_> {
     }
 }
 
+/// Whether a send of `len` bytes to `peer` in `round` is half of an exchange of
+/// plain copies: a call that reduces nothing, whose round also receives at least a
+/// quarter as much from the same peer (the root check's empty frames and short
+/// replies do not count). A reducing call's sends carry what its reduction just
+/// wrote, which its ring forwards while still in cache: there a single copy
+/// measured slower (2 ranks, 16 MiB all-reduce: 6.1 against 7.0 GB/s).
+fn plain_exchange(op: crate::types::OpKind, round: &Round, peer: usize, len: usize) -> bool {
+    !op.reduces()
+        && round
+            .steps
+            .iter()
+            .any(|s| matches!(*s, Step::Recv { peer: p, dst } if p == peer && dst.len >= len / 4 && dst.len > 0))
+}
+
 fn run_rounds(
     schedule: &Schedule,
     channels: &mut Channels,
@@ -296,7 +310,10 @@ fn run_rounds(
                 Step::Reduce { src, dst } => local_reduce(bufs, &src, &dst, call)?,
                 Step::Send { peer, src } => {
                     let src = bufs.region(&src)?;
-                    channel_mut(channels, peer, call)?.post_send(src, None, call)?;
+                    let exchange = plain_exchange(call.sig.op, round, peer, src.len);
+                    let ch = channel_mut(channels, peer, call)?;
+                    ch.next_send_is_exchange(exchange);
+                    ch.post_send(src, None, call)?;
                 }
                 Step::Recv { peer, dst } => {
                     let dst = bufs.region(&dst)?;
@@ -515,4 +532,31 @@ fn block_on_fds(channels: &Channels, gates: &[usize], max: Duration) -> bool {
     // SAFETY: fds is a valid array of pollfd for the duration of the call.
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     true
+}
+
+#[cfg(test)]
+mod exchange_tests {
+    use super::plain_exchange;
+    use crate::algorithm::{BufId, Region, Round, Step};
+    use crate::types::OpKind;
+
+    fn round(steps: Vec<Step>) -> Round {
+        Round { steps }
+    }
+
+    #[test]
+    fn a_send_is_an_exchange_only_beside_a_like_receive_from_the_same_peer_in_a_copying_call() {
+        let send = |peer, len| Step::Send { peer, src: Region::new(BufId::Output, 0, len) };
+        let recv = |peer, len| Step::Recv { peer, dst: Region::new(BufId::Output, len, len) };
+        let both = round(vec![send(1, 1 << 20), recv(1, 1 << 20)]);
+        assert!(plain_exchange(OpKind::AllGather, &both, 1, 1 << 20));
+        assert!(plain_exchange(OpKind::AllToAll, &both, 1, 1 << 20));
+        // A reducing call's sends are left to the ring's forwards.
+        assert!(!plain_exchange(OpKind::AllReduce, &both, 1, 1 << 20));
+        // Another peer, an empty frame (the root check's) or a short reply is no exchange.
+        assert!(!plain_exchange(OpKind::AllGather, &round(vec![send(1, 1 << 20), recv(2, 1 << 20)]), 1, 1 << 20));
+        assert!(!plain_exchange(OpKind::Broadcast, &round(vec![send(1, 1 << 20), recv(1, 0)]), 1, 1 << 20));
+        assert!(!plain_exchange(OpKind::Broadcast, &round(vec![send(1, 1 << 20), recv(1, 1000)]), 1, 1 << 20));
+        assert!(!plain_exchange(OpKind::Broadcast, &round(vec![send(1, 1 << 20)]), 1, 1 << 20));
+    }
 }

@@ -30,8 +30,8 @@
 //! `/dev/shm` segments of their own, which any rank sharing `/dev/shm` can map, so
 //! rendezvous framing is always allowed on these links ([`Link::can_read_peer`]).
 //! Reading any other address of the peer goes through [`Link::read_peer`] with
-//! `process_vm_readv` (CMA), only when wanted ([`ShmOptions::cma`], from
-//! `BRAID_CMA=1`). Whether CMA works depends on ptrace policy, user namespaces
+//! `process_vm_readv` (CMA), only when wanted ([`ShmOptions::cma`]: unless
+//! `BRAID_CMA=0`). Whether CMA works depends on ptrace policy, user namespaces
 //! and seccomp, so it is then probed at connect time with a real read of a token
 //! each side publishes, and enabled only when it works in both directions
 //! ([`Link::reads_peer_addresses`]; both ends must agree, since it decides the
@@ -132,7 +132,7 @@ pub struct ShmOptions {
     /// Data bytes per direction, `1..=`[`MAX_RING_BYTES`] (the creator's value wins;
     /// the attacher reads it from the segment and checks it).
     pub ring_bytes: usize,
-    /// Whether plain buffers may be read with `process_vm_readv` (`BRAID_CMA=1`):
+    /// Whether plain buffers may be read with `process_vm_readv` (unless `BRAID_CMA=0`):
     /// only then is CMA probed and ptrace relaxed for the local peers.
     pub cma: bool,
     /// Whether large ring writes use non-temporal stores (`BRAID_NT_STORES`).

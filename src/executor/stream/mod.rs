@@ -15,8 +15,9 @@
 //!
 //! On links that can read the peer's memory ([`Link::can_read_peer`]: shared memory
 //! between processes, threads of one process) a frame of a transfer of at least
-//! [`RENDEZVOUS_BYTES`] may be sent as a *rendezvous* — between processes only
-//! from registered buffers, unless `BRAID_CMA=1` — a small frame with the address of
+//! [`RENDEZVOUS_BYTES`] may be sent as a *rendezvous* — between processes from
+//! registered buffers, and from plain ones in exchanges through `process_vm_readv`
+//! (`BRAID_CMA`, see [`single_copy::SingleCopy`]) — a small frame with the address of
 //! the data. The receiver copies (or reduces) straight from the sender's memory in
 //! cache-sized chunks and answers with an ack; the sender stays busy until the
 //! ack, so its buffer stays valid while it is read. One copy instead of two.
@@ -154,6 +155,9 @@ pub struct StreamChannel {
     out: VecDeque<OutMsg>,
     /// Frames posted to receive, in order.
     inq: VecDeque<InMsg>,
+    /// Whether the send about to be posted is half of an exchange with the peer
+    /// ([`PeerChannel::next_send_is_exchange`]).
+    exchange: bool,
     /// Questions and answers about whom the ranks wait for (see `wait_chain`).
     wait: WaitSlot,
 }
@@ -173,7 +177,8 @@ impl StreamChannel {
     /// Wrap a connected link with these thresholds and grains.
     pub fn with_tuning(link: Box<dyn Link>, tuning: Tuning) -> StreamChannel {
         StreamChannel {
-            single_copy: SingleCopy::for_link(link.as_ref()),
+            single_copy: SingleCopy::for_link(link.as_ref(), tuning.cma_exchanges_only),
+            exchange: false,
             peek: link.can_peek(),
             forward_grain: if link.can_peek() { tuning.forward_grain } else { usize::MAX },
             tuning,
@@ -227,7 +232,13 @@ impl PeerChannel for StreamChannel {
         self.link.kind()
     }
 
+    fn next_send_is_exchange(&mut self, exchange: bool) {
+        self.exchange = exchange;
+    }
+
     fn post_send(&mut self, src: MemRegion, first_gate: Option<usize>, call: &CallInfo) -> Result<()> {
+        // The flag holds for the send it was said for, not the ones after.
+        let exchange = std::mem::take(&mut self.exchange) && first_gate.is_none();
         self.require_host(&src, "a send to", call)?;
         self.require_present(call)?;
         // A small plain send with nothing queued before it leaves now: no queue entry,
@@ -241,7 +252,7 @@ impl PeerChannel for StreamChannel {
         {
             return send_now(self, call, src.ptr as *const u8, src.len);
         }
-        queue_send(self, call, src.ptr as *const u8, src.len, first_gate);
+        queue_send(self, call, src.ptr as *const u8, src.len, first_gate, exchange);
         Ok(())
     }
 

@@ -17,11 +17,12 @@ pub(super) fn queue_send(
     base: *const u8,
     total: usize,
     first_gate: Option<usize>,
+    exchange: bool,
 ) {
     for (k, (off, len)) in frames(total).enumerate() {
         // SAFETY: off + len <= total, inside a region the caller checked.
         let data = unsafe { base.add(off) };
-        let single = ch.single_copy.applies(data, len, total, ch.tuning.rendezvous_bytes);
+        let single = ch.single_copy.applies(data, len, total, ch.tuning.rendezvous_bytes, exchange);
         if single {
             // SAFETY: [data, data + len) lies in one of this call's buffers, which the
             // caller of `execute` keeps alive until it returns, and `execute` revokes

@@ -26,24 +26,33 @@ pub(super) enum SingleCopy {
     /// The link cannot read peer memory: every byte goes through it.
     Never,
     /// Only data in registered buffers: the peer maps the segment and reads it with
-    /// no system call. Plain buffers between processes go through the shared ring,
-    /// which measured faster here than `process_vm_readv` at every size (pinning
-    /// pages costs more than the ring's extra copy; see `results/`).
+    /// no system call. Plain buffers between processes go through the shared ring
+    /// (CMA off with `BRAID_CMA=0`, or not working between these processes).
     Registered,
     /// Everything (threads of one process: a plain copy from the peer's buffer;
     /// or `BRAID_CMA=1` for `process_vm_readv` between processes).
     Always,
+    /// Registered buffers, and plain ones only in an exchange (`BRAID_CMA=exchange`):
+    /// where both ranks send and receive in the same round, the ring's two copies
+    /// both fall on busy ranks and one `process_vm_readv` saves one of them; a
+    /// one-way transfer through the ring has the sender and the receiver copy at
+    /// the same time, which measured faster than the receiver pulling alone.
+    Exchanges,
 }
 
 impl SingleCopy {
     /// Shared memory: registered buffers single-copy through the peer's mapped
     /// segment; plain ones too only when the link reads any peer address (CMA
     /// wanted with `BRAID_CMA=1` and probed in both directions at connect time).
-    pub(super) fn for_link(link: &dyn Link) -> SingleCopy {
+    pub(super) fn for_link(link: &dyn Link, exchanges_only: bool) -> SingleCopy {
         if !link.can_read_peer() {
             SingleCopy::Never
         } else if link.reads_peer_addresses() {
-            SingleCopy::Always
+            if exchanges_only && link.kind() == crate::transport::TransportKind::Shm {
+                SingleCopy::Exchanges
+            } else {
+                SingleCopy::Always
+            }
         } else {
             SingleCopy::Registered
         }
@@ -51,12 +60,15 @@ impl SingleCopy {
 
     /// Whether the frame of `len` bytes at `data`, part of a transfer of `total`
     /// bytes, goes as a rendezvous.
-    pub(super) fn applies(self, data: *const u8, len: usize, total: usize, threshold: usize) -> bool {
+    pub(super) fn applies(self, data: *const u8, len: usize, total: usize, threshold: usize, exchange: bool) -> bool {
         total >= threshold
             && match self {
                 SingleCopy::Never => false,
                 SingleCopy::Always => true,
-                SingleCopy::Registered => crate::registered::lookup(data as usize, len).is_some(),
+                SingleCopy::Exchanges if exchange => true,
+                SingleCopy::Registered | SingleCopy::Exchanges => {
+                    crate::registered::lookup(data as usize, len).is_some()
+                }
             }
     }
 }
@@ -306,6 +318,26 @@ mod tests {
         assert!(l01.reads_peer_addresses(), "same-process CMA must work");
         (StreamChannel::new(Box::new(l01)), Box::new(l10))
     }
+
+    #[test]
+    fn plain_buffers_between_processes_go_single_copy_only_in_exchanges_by_default() {
+        let (ch, l10) = shm_pair();
+        // The default (exchanges only) on a CMA link between processes; `BRAID_CMA=1`
+        // everywhere; without CMA only registered buffers.
+        assert_eq!(SingleCopy::for_link(l10.as_ref(), true), SingleCopy::Exchanges);
+        assert_eq!(SingleCopy::for_link(l10.as_ref(), false), SingleCopy::Always);
+        drop(ch);
+        let buf = vec![0u8; 1 << 20];
+        let (p, n, t) = (buf.as_ptr(), buf.len(), RENDEZVOUS);
+        assert!(SingleCopy::Exchanges.applies(p, n, n, t, true));
+        assert!(!SingleCopy::Exchanges.applies(p, n, n, t, false), "a one-way transfer goes through the ring");
+        assert!(!SingleCopy::Exchanges.applies(p, 4096, 4096, t, true), "below the threshold");
+        assert!(SingleCopy::Always.applies(p, n, n, t, false));
+        assert!(!SingleCopy::Registered.applies(p, n, n, t, true), "a plain buffer is not registered");
+        assert!(!SingleCopy::Never.applies(p, n, n, t, true));
+    }
+
+    const RENDEZVOUS: usize = super::super::RENDEZVOUS_BYTES;
 
     /// Pull `len` bytes at `data` of rank 1 as the receive of a rendezvous frame.
     fn pull(ch: &mut StreamChannel, data: *const u8, len: usize, into: &mut [u8], reduce: bool) -> Result<()> {

@@ -3,7 +3,7 @@
 //!
 //! Reading another process's memory is a ptrace-class permission. Where Yama
 //! restricts ptrace to descendants (`ptrace_scope` = 1), a rank lets exactly its
-//! peers read it, and only when CMA is wanted (`BRAID_CMA=1`): the one local peer's
+//! peers read it, and only when CMA is wanted (unless `BRAID_CMA=0`): the one local peer's
 //! pid, or the parent every local peer shares (as under `braid run`; Yama lets a
 //! declared ptracer's descendants in too). Anything else, and ptrace stays as
 //! strict as it was: the probe then reports CMA unavailable and plain buffers go
