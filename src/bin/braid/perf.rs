@@ -529,7 +529,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
     kinds.dedup();
     let transport_name = if kinds.is_empty() { "none".to_string() } else { kinds.join("+") };
     let modes = places(a);
-    let ceiling = Ceiling::measure(comm, a, &sizes(a), &modes)?;
+    let mut ceiling = Ceiling::new(comm, a);
     if rank == 0 {
         let redop = if a.op.reduces() { format!(" redop={}", a.reduce_op) } else { String::new() };
         let root = if a.op.rooted() { format!(" root={}", a.root) } else { String::new() };
@@ -547,7 +547,7 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             let links = if peers.is_empty() { "(alone)".into() } else { peers.join(" ") };
             println!("# rank {r}: {links}   cpus {}", cpus_of(r));
         }
-        println!("{}", ceiling.describe());
+        println!("{}", ceiling.header());
         println!("#");
         let groups = format!("# {:47} {:^51} {:^51}", "", "out-of-place", "in-place");
         println!("{}", groups.trim_end());
@@ -592,6 +592,8 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
         }
         let Some((_, first)) = per_mode.first() else { continue };
         let (bytes, count) = (first.bytes, first.count);
+        let measured: Vec<Place> = per_mode.iter().map(|(p, _)| *p).collect();
+        ceiling.measure(comm, bytes, &measured)?;
         for entry in 0..rotation.len() {
             let mut cols = Vec::new();
             let mut labels: Vec<&str> = Vec::new();
@@ -662,6 +664,9 @@ fn sweep(comm: &Communicator, a: &PerfArgs) -> braid::Result<u64> {
             "# Avg bus bandwidth    : {:.4} GB/s",
             if sizes_done > 0 { busbw_sum / sizes_done as f64 } else { 0.0 }
         );
+        if let Some(line) = ceiling.footer() {
+            println!("{line}");
+        }
     }
     if let (Some(path), 0) = (&a.plot, rank) {
         let series = plot::series_from_rows(&plot_rows);

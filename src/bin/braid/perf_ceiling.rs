@@ -1,12 +1,12 @@
-//! The memory ceiling of `braid perf`: once per run, before the sweep, every rank
-//! times copies and reductions over its own buffers at once, at the size each
-//! row's work will have; every row then shows `bound / measured` (`bound%`). The bound per collective is
+//! The memory ceiling of `braid perf`: after each size's calls, every rank times
+//! copies and reductions over its own buffers at once, at the size the row's
+//! work has; the row then shows `bound / measured` (`bound%`). The bound per collective is
 //! [`braid::ceiling`]'s.
 
 use std::collections::BTreeMap;
 
 use braid::ceiling::{bound_fraction, bound_seconds, memory_work, reps_for, Kernel, MemoryRates, MemoryWork, Probe};
-use braid::{Communicator, OpKind, ReduceOp};
+use braid::{Communicator, DType, OpKind, ReduceOp};
 
 use crate::perf::{PerfArgs, Place};
 
@@ -20,10 +20,12 @@ const TRIALS: usize = 5;
 
 /// The measured rates, by probe size; empty where the buffers are not host memory.
 pub(crate) struct Ceiling {
-    ranks_timed: usize,
+    on: bool,
+    ranks: usize,
     rates: BTreeMap<usize, MemoryRates>,
     op: OpKind,
-    ranks: usize,
+    dtype: DType,
+    reduce_op: ReduceOp,
 }
 
 /// The bytes a probe for a row of `bytes` covers: the larger half of the row's
@@ -35,29 +37,38 @@ fn probe_size(op: OpKind, ranks: usize, bytes: usize, place: Place) -> usize {
 }
 
 impl Ceiling {
-    /// Measures at every size the sweep will print. Every rank times the same
-    /// kernel over its own buffers at the same moment (a barrier before each
-    /// trial), so the rates are one rank's while all of them work, on the cores
-    /// and memory the ranks run on; a trial's time is its slowest rank's, and the
-    /// fastest of five trials counts, after two untimed ones. Device buffers and barriers get no ceiling.
-    pub(crate) fn measure(
-        comm: &Communicator,
-        a: &PerfArgs,
-        sizes: &[usize],
-        places: &[Place],
-    ) -> braid::Result<Ceiling> {
-        let n = comm.world_size();
-        let mut probes: Vec<usize> = Vec::new();
-        if a.device == crate::perf_device::DeviceChoice::None && a.op != OpKind::Barrier {
-            probes = sizes.iter().flat_map(|&s| places.iter().map(move |&p| probe_size(a.op, n, s, p))).collect();
-            probes.retain(|&p| p > 0);
-            probes.sort_unstable();
-            probes.dedup();
+    /// Nothing measured yet; device buffers and barriers get no ceiling.
+    pub(crate) fn new(comm: &Communicator, a: &PerfArgs) -> Ceiling {
+        let on = a.device == crate::perf_device::DeviceChoice::None && a.op != OpKind::Barrier;
+        Ceiling {
+            on,
+            ranks: comm.world_size(),
+            rates: BTreeMap::new(),
+            op: a.op,
+            dtype: a.dtype,
+            reduce_op: a.reduce_op,
         }
-        let mut probe = Probe::new(probes.last().copied().unwrap_or(0));
-        let kernels = [Kernel::Copy, Kernel::Reduce(a.dtype, a.reduce_op)];
-        let mut rates = BTreeMap::new();
-        for &size in &probes {
+    }
+
+    /// Measures the rates for a size of `bytes` in each of `places`, right after
+    /// the size's calls (so in the same state of the machine, and after the calls
+    /// themselves: ranks that disagree on the call fail there, naming it). Every
+    /// rank times the same kernel over its own buffers at the same moment (a
+    /// barrier before each trial), so the rates are one rank's while all of them
+    /// work, on the cores and memory the ranks run on; a trial's time is its
+    /// slowest rank's, and the fastest of five trials counts, after two untimed
+    /// ones.
+    pub(crate) fn measure(&mut self, comm: &Communicator, bytes: usize, places: &[Place]) -> braid::Result<()> {
+        if !self.on {
+            return Ok(());
+        }
+        let mut sizes: Vec<usize> = places.iter().map(|&p| probe_size(self.op, self.ranks, bytes, p)).collect();
+        sizes.retain(|&s| s > 0);
+        sizes.sort_unstable();
+        sizes.dedup();
+        let mut probe = Probe::new(sizes.last().copied().unwrap_or(0));
+        let kernels = [Kernel::Copy, Kernel::Reduce(self.dtype, self.reduce_op)];
+        for size in sizes {
             let reps = reps_for(size, MIN_TRIAL_BYTES);
             let mut per_kernel = [0.0; 2];
             for (k, &kernel) in kernels.iter().enumerate() {
@@ -75,24 +86,32 @@ impl Ceiling {
                 let best = times.iter().copied().fold(f64::INFINITY, f64::min);
                 per_kernel[k] = if best > 0.0 && best.is_finite() { (size * reps) as f64 / best } else { 0.0 };
             }
-            rates.insert(size, MemoryRates { copy: per_kernel[0], reduce: per_kernel[1] });
+            self.rates.insert(size, MemoryRates { copy: per_kernel[0], reduce: per_kernel[1] });
         }
-        Ok(Ceiling { ranks_timed: n, rates, op: a.op, ranks: n })
+        Ok(())
     }
 
-    /// The header line: what was measured, at the largest size.
-    pub(crate) fn describe(&self) -> String {
-        match self.rates.iter().next_back() {
-            Some((size, r)) => format!(
-                "# memory ceiling: {} ranks at once, per rank at {}: copy {:.2} GB/s, reduce {:.2} GB/s; \
-                 bound% = the collective's memory bound (src/ceiling.rs) / time",
-                self.ranks_timed,
-                human(*size),
-                r.copy / 1e9,
-                r.reduce / 1e9
-            ),
-            None => "# memory ceiling: not measured (device buffers or a barrier)".into(),
+    /// The header line: what `bound%` is.
+    pub(crate) fn header(&self) -> String {
+        if self.on {
+            "# bound%: the collective's memory bound (braid::ceiling) over the time, at copy and reduce rates \
+             all ranks measure at once after each size"
+                .into()
+        } else {
+            "# bound%: none (device buffers or a barrier)".into()
         }
+    }
+
+    /// The footer line: the rates at the largest size measured.
+    pub(crate) fn footer(&self) -> Option<String> {
+        let (size, r) = self.rates.iter().next_back()?;
+        Some(format!(
+            "# Memory ceiling       : per rank, {} ranks at once, over {}: copy {:.2} GB/s, reduce {:.2} GB/s",
+            self.ranks,
+            human(*size),
+            r.copy / 1e9,
+            r.reduce / 1e9
+        ))
     }
 
     /// The rates, work and fraction of a row measured in `seconds`.
