@@ -5,7 +5,9 @@
 #   then results/ab_binaries_summarize.py OUTDIR (per-size medians of new/old)
 # Unlike results/ab_runs.sh (2 ranks as threads of one `braid perf`), the ranks are
 # processes under `braid run`, placed and calibrated as a launched job is.
+# OP (default all-reduce) and TRANSPORT (default auto) choose the collective and links.
 set -euo pipefail
+OP=${OP:-all-reduce} TRANSPORT=${TRANSPORT:-auto}
 # In place, as every binary measured before `braid perf` learned both modes (those
 # have no --in-place flag, and measure in place without it).
 in_place() { "$1" perf --help | grep -q -- --in-place && echo --in-place || true; }
@@ -15,7 +17,7 @@ for r in $(seq 1 "$rounds"); do
   order="old new"; [ $((r % 2)) = 0 ] && order="new old"
   for which in $order; do
     b=${!which}
-    XDG_CACHE_HOME=$out/cache-$which "$b" run -n "$n" -- "$b" perf $(in_place "$b") --op all-reduce -b 4K -e 64M -f 4 -n 30 -w 5 \
+    XDG_CACHE_HOME=$out/cache-$which "$b" run -n "$n" -- "$b" perf $(in_place "$b") --op "$OP" --transport "$TRANSPORT" -b 4K -e 64M -f 4 -n 30 -w 5 \
       --json "$out/$which-r$r.json" >/dev/null
   done
 done

@@ -10,13 +10,15 @@
 # PARTS (twohost): "small large" by default (4 KiB-1 MiB, 4-64 MiB).
 # `braid perf --algo all` alternates auto and every algorithm at each size within a
 # run; each run writes JSON lines; results/tuner_summarize.py takes the medians.
+# OP: the collective (default all-reduce).
 set -euo pipefail
+OP=${OP:-all-reduce}
 BRAID=$(realpath "${BRAID:-target/release/braid}")
 mode=$1; shift
 sweep() { # extra args: where each perf's json goes ($1) and the launcher prefix
   local json=$1; shift
-  "$@" perf --in-place --op all-reduce -b 4K -e 1M -f 4 --algo all --json "$json.small" >/dev/null
-  "$@" perf --in-place --op all-reduce -b 4M -e 64M -f 4 --algo all -n 20 -w 2 --json "$json.large" >/dev/null
+  "$@" perf --in-place --op "$OP" -b 4K -e 1M -f 4 --algo all --json "$json.small" >/dev/null
+  "$@" perf --in-place --op "$OP" -b 4M -e 64M -f 4 --algo all -n 20 -w 2 --json "$json.large" >/dev/null
   cat "$json.small" "$json.large" > "$json"; rm -f "$json.small" "$json.large"
 }
 case $mode in

@@ -96,6 +96,27 @@ pub fn rank_candidates(
     params: &PlanParams,
 ) -> Result<Vec<Candidate>, String> {
     let links = Links { hosts: call.hosts, local: links.local, remote: links.remote, busy: call.busy };
+    // The per-algorithm factors are fitted to all-reduce calls (`calibrate`). Direct
+    // all-reduce is one-shot (every rank reduces the whole buffer), which no other
+    // op's direct schedule resembles: a 2-rank reduce-scatter of 64 MiB priced with
+    // its factor picked direct, which ran 2.1x slower than the ring
+    // (results/one-host-2026-11-27.md). Other ops price direct's bytes at the
+    // link's own costs (its factor on fixed costs, the waits of a whole-buffer
+    // exchange's rounds, holds for any op); dropping every factor for them made
+    // other picks worse (all-gather on 4 ranks up to 2.1x from the best).
+    let unfitted;
+    let model = if call.op == OpKind::AllReduce || !allowed.contains(&Algorithm::Direct) {
+        model
+    } else {
+        unfitted = {
+            let mut m = model.clone();
+            for at in 0..cost::AlgoFar::SIZES.len() {
+                m.algo_far.set_at(Algorithm::Direct, at, 1.0);
+            }
+            m
+        };
+        &unfitted
+    };
     let mut out = Vec::with_capacity(allowed.len());
     for &algorithm in allowed {
         let schedules = plan_all(call, algorithm, params)?;
