@@ -16,6 +16,7 @@
 //! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |
 //! | `BRAID_JOB_KEY` | shared secret every TCP link and TCP store connection proves (challenge-response; never sent); `braid run` generates one |
 //! | `BRAID_RENDEZVOUS_BYTES` | transfers at least this long go single-copy between ranks of a host (default 128K) |
+//! | `BRAID_STREAM_RECV_BYTES` | plain receives at least this long leave shared rings through non-temporal stores (default a sixteenth of the last-level cache, 4M to 64M) |
 //! | `BRAID_CMA` | plain buffers between processes of a host go single-copy through `process_vm_readv` in exchanges (`exchange`, the default: both ranks send and receive plain data in the same round), in every transfer (`1`) or never (`0`) |
 //! | `BRAID_FORWARD_GRAIN` | smallest piece of a forward written on memory links while its reduction goes on (default 16K) |
 //! | `BRAID_FORWARD_PASS_BYTES` | bytes of a forwarded segment reduced per pass before its forward gets a turn (default 256K) |
@@ -391,6 +392,10 @@ pub struct Tuning {
     /// once (2 ranks, 16 MiB: all-gather 1.9x faster single-copy, broadcast 1.1x
     /// slower; results/one-host-2026-11-27.md).
     pub cma_exchanges_only: bool,
+    /// Plain receives at least this long are copied out of shared rings with
+    /// non-temporal stores (`BRAID_STREAM_RECV_BYTES`; default a sixteenth of the
+    /// last-level cache, between 4 and 64 MiB).
+    pub stream_recv_bytes: usize,
     /// Smallest piece of a forward written on memory links while its reduction goes on.
     pub forward_grain: usize,
     /// Bytes of a forwarded segment reduced per pass before its forward gets a turn.
@@ -411,6 +416,7 @@ impl Default for Tuning {
             rendezvous_bytes: crate::executor::stream::RENDEZVOUS_BYTES,
             cma: true,
             cma_exchanges_only: true,
+            stream_recv_bytes: crate::executor::stream::default_stream_recv_bytes(),
             forward_grain: crate::executor::stream::FORWARD_GRAIN,
             forward_pass_bytes: crate::executor::stream::FORWARD_PASS_BYTES,
             peer_chunk: crate::executor::stream::PEER_CHUNK,
@@ -441,6 +447,7 @@ impl Tuning {
         size("BRAID_FORWARD_GRAIN", 1, &mut t.forward_grain)?;
         size("BRAID_FORWARD_PASS_BYTES", 4096, &mut t.forward_pass_bytes)?;
         size("BRAID_PEER_CHUNK", 4096, &mut t.peer_chunk)?;
+        size("BRAID_STREAM_RECV_BYTES", 0, &mut t.stream_recv_bytes)?;
         if let Some(v) = get("BRAID_SPIN").filter(|v| !v.trim().is_empty()) {
             t.spin = parse_duration(&v).map_err(|e| Error::Config(format!("BRAID_SPIN: {e}")))?;
             if t.spin > Duration::from_secs(10) {
@@ -665,6 +672,7 @@ mod tests {
             ("BRAID_FORWARD_GRAIN", "4K"),
             ("BRAID_FORWARD_PASS_BYTES", "64K"),
             ("BRAID_PEER_CHUNK", "256K"),
+            ("BRAID_STREAM_RECV_BYTES", "8M"),
             ("BRAID_SPIN", "5ms"),
             ("BRAID_NT_STORES", "off"),
         ])
@@ -674,6 +682,7 @@ mod tests {
             rendezvous_bytes: 1 << 20,
             cma: true,
             cma_exchanges_only: false,
+            stream_recv_bytes: 8 << 20,
             forward_grain: 4096,
             forward_pass_bytes: 65536,
             peer_chunk: 262144,

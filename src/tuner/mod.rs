@@ -109,7 +109,7 @@ pub fn rank_candidates(
         model
     } else {
         unfitted = {
-            let mut m = model.clone();
+            let mut m = *model;
             for at in 0..cost::AlgoFar::SIZES.len() {
                 m.algo_far.set_at(Algorithm::Direct, at, 1.0);
             }

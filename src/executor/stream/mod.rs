@@ -51,10 +51,46 @@ use single_copy::{SingleCopy, DESC_MAX};
 pub const SEGMENT_BYTES: usize = 1 << 20;
 /// Incoming data is reduced in grains of this size as soon as it has arrived.
 const REDUCE_GRAIN: usize = 64 << 10;
-/// Receives at least this long, whose destination will not stay in cache anyway,
-/// are copied out of shared rings with non-temporal stores: that skips reading each
-/// destination line before overwriting it (a quarter of the memory traffic).
-const STREAM_RECV_BYTES: usize = 4 << 20;
+/// Smallest default of [`Tuning::stream_recv_bytes`].
+pub const STREAM_RECV_MIN: usize = 4 << 20;
+/// Largest default of [`Tuning::stream_recv_bytes`].
+pub const STREAM_RECV_MAX: usize = 64 << 20;
+
+/// Default of [`Tuning::stream_recv_bytes`]: receives at least this long, whose
+/// destination will not stay in cache anyway, are copied out of shared rings with
+/// non-temporal stores, which skips reading each destination line before
+/// overwriting it (a quarter of the memory traffic) but leaves the data out of
+/// the cache. A sixteenth of the last-level cache, between 4 and 64 MiB: on the
+/// 2-core VM (480 MiB L3) a 2-rank broadcast of 4 and 16 MiB ran 1.5x and 1.4x
+/// slower with them (the destination would have stayed in cache), and 64 MiB 1.2x
+/// faster (results/one-host-2026-11-27.md).
+pub fn default_stream_recv_bytes() -> usize {
+    (last_level_cache_bytes().unwrap_or(0) / 16).clamp(STREAM_RECV_MIN, STREAM_RECV_MAX)
+}
+
+/// The size of the largest cache of CPU 0 (Linux sysfs), if it can be read.
+fn last_level_cache_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("size")).ok())
+        .filter_map(|s| parse_cache_size(&s))
+        .max()
+}
+
+/// A sysfs cache size (`491520K`, `2048K`, `32M`).
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: usize = digits.parse().ok()?;
+    let scale = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
 /// Transfers at least this long go single-copy on links that can read peer memory
 /// (the default of [`Tuning::rendezvous_bytes`]).
 pub const RENDEZVOUS_BYTES: usize = 128 << 10;
@@ -277,7 +313,7 @@ impl PeerChannel for StreamChannel {
             // What its frames must say, fixed now: a group posts receives of several
             // messages (each its own sequence number and signature) in one call.
             (m.seq, m.sig) = (call.recv_seq, call.sig);
-            m.stream = reduce.is_none() && dst.len >= STREAM_RECV_BYTES;
+            m.stream = reduce.is_none() && dst.len >= self.tuning.stream_recv_bytes;
             if let Some(gates) = forward.as_deref_mut() {
                 m.feeds = Some(gates.len());
                 gates.push(0);
