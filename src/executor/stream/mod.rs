@@ -313,7 +313,12 @@ impl PeerChannel for StreamChannel {
             // What its frames must say, fixed now: a group posts receives of several
             // messages (each its own sequence number and signature) in one call.
             (m.seq, m.sig) = (call.recv_seq, call.sig);
-            m.stream = reduce.is_none() && dst.len >= self.tuning.stream_recv_bytes;
+            // By the call's whole buffer, not this receive's part of it: a chain or a
+            // ring moves a long message in pieces, and it is the buffer that leaves
+            // the cache (2-rank broadcast of 64 MiB: the chain's pieces with
+            // ordinary stores took 1.4x the tree's one receive with streaming ones).
+            let call_bytes = (call.sig.count as usize).saturating_mul(call.sig.dtype.size());
+            m.stream = reduce.is_none() && dst.len.max(call_bytes) >= self.tuning.stream_recv_bytes;
             if let Some(gates) = forward.as_deref_mut() {
                 m.feeds = Some(gates.len());
                 gates.push(0);
