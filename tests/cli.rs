@@ -172,12 +172,12 @@ fn kill_mid_sweep(transport: &str) {
 }
 
 /// The rows of `braid perf`'s table, split at whitespace: `size count type redop root`,
-/// then `time algbw busbw bound% #wrong` out of place and in place, then the algorithm.
+/// then `time algbw busbw #wrong` out of place and in place, then the algorithm.
 fn perf_table(text: &str) -> Vec<Vec<&str>> {
     let rows: Vec<Vec<&str>> =
         text.lines().filter(|l| l.starts_with("  ")).map(|l| l.split_whitespace().collect()).collect();
     for row in &rows {
-        assert_eq!(row.len(), 16, "5 + 5 + 5 columns and the algorithm: {row:?}\n{text}");
+        assert_eq!(row.len(), 14, "5 + 4 + 4 columns and the algorithm: {row:?}\n{text}");
     }
     rows
 }
@@ -204,20 +204,28 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
             assert_eq!(row[4], if rooted { "2" } else { "-1" }, "{op}: {row:?}");
             // A barrier has no buffers: one measurement, in the in-place columns.
             let out_of_place = if op == "barrier" { "n/a" } else { "0" };
-            assert_eq!((row[9], row[14]), (out_of_place, "0"), "{op}: #wrong of each mode: {row:?}");
-            // Host buffers moving bytes have a memory bound; a barrier has none.
-            for bound in [row[13]].into_iter().chain((op != "barrier").then_some(row[8])) {
-                if op == "barrier" {
-                    assert_eq!(bound, "-", "{op}: {row:?}");
-                } else {
-                    let pct: f64 = bound.parse().unwrap_or_else(|_| panic!("{op}: bound% {bound}: {row:?}"));
-                    assert!(pct > 0.0 && pct.is_finite(), "{op}: {row:?}");
-                }
+            assert_eq!((row[8], row[12]), (out_of_place, "0"), "{op}: #wrong of each mode: {row:?}");
+        }
+        // Host buffers moving bytes have a memory bound, one `# bound` line per row and
+        // mode (`size place algo time bound bound%`); a barrier has none.
+        let bounds: Vec<Vec<&str>> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# bound "))
+            .map(|l| l.split_whitespace().collect())
+            .filter(|f: &Vec<&str>| f.first().is_some_and(|s| s.parse::<u64>().is_ok()))
+            .collect();
+        if op == "barrier" {
+            assert!(bounds.is_empty() && text.contains("# Memory bound: none"), "{op}: {text}");
+        } else {
+            assert_eq!(bounds.len(), 2 * rows.len(), "{op}: a bound for each mode of each row\n{text}");
+            for b in &bounds {
+                let pct: f64 = b[5].parse().unwrap_or_else(|_| panic!("{op}: bound% in {b:?}"));
+                assert!(pct > 0.0 && pct.is_finite(), "{op}: {b:?}");
             }
         }
     }
     // One mode alone: the other's columns say n/a.
-    for (flag, measured, absent) in [("--out-of-place", 5, 10), ("--in-place", 10, 5)] {
+    for (flag, measured, absent) in [("--out-of-place", 5, 9), ("--in-place", 9, 5)] {
         let out = Command::new(BRAID)
             .args([
                 "perf",
@@ -241,8 +249,8 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
         assert!(out.status.success(), "{flag}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
         let rows = perf_table(&text);
         assert_eq!(rows.len(), 1, "{text}");
-        assert!(rows[0][absent..absent + 5].iter().all(|c| *c == "n/a"), "{flag}: {text}");
-        assert_eq!(rows[0][measured + 4], "0", "{flag}: {text}");
+        assert!(rows[0][absent..absent + 4].iter().all(|c| *c == "n/a"), "{flag}: {text}");
+        assert_eq!(rows[0][measured + 3], "0", "{flag}: {text}");
     }
 }
 
@@ -250,7 +258,7 @@ fn perf_checks_every_collective_in_place_and_out_of_place() {
 /// not in the other's: rank 0's result is spoiled in one mode through the test hook.
 #[test]
 fn perf_counts_wrong_elements_per_mode() {
-    for (spoiled, wrong_at, right_at) in [("in-place", 14, 9), ("out-of-place", 9, 14)] {
+    for (spoiled, wrong_at, right_at) in [("in-place", 12, 8), ("out-of-place", 8, 12)] {
         let out = Command::new(BRAID)
             .args([
                 "perf",

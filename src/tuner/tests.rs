@@ -263,26 +263,31 @@ fn the_ring_leads_ties_over_networks_and_across_hosts() {
     }
 }
 
-/// Direct's factors come from the one-shot all-reduce, whose bytes no other op's
-/// direct schedule moves: a factor that makes direct all-reduce cheap at 64 MiB
-/// must not carry to a reduce-scatter (2 ranks: picked direct, 2.1x slower than
-/// the ring), while direct's factor on fixed costs still does.
+/// Direct's and doubling's factors come from whole-buffer all-reduce exchanges,
+/// whose bytes no other op's schedules of those names move: a factor that makes
+/// them cheap (or dear) at 64 MiB must not carry to a reduce-scatter or an
+/// all-gather (2-rank reduce-scatter: picked direct, 2.03x slower than the ring;
+/// 4-rank all-gather: the ring, 1.46x slower than doubling), while their factors
+/// on fixed costs still do.
 #[test]
-fn direct_all_reduce_factors_price_only_all_reduce() {
+fn whole_buffer_all_reduce_factors_price_only_all_reduce() {
     let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
-    let mut model = CostModel::default();
-    for at in 0..cost::AlgoFar::SIZES.len() {
-        model.algo_far.set_at(Algorithm::Direct, at, 0.2);
-    }
-    let seconds = |op: OpKind, model: &CostModel| {
-        let call = Call { op, count: 16 << 20, elem_size: 4, root: 0, hosts: &[0; 2], busy: &[] };
+    let seconds = |op: OpKind, algorithm: Algorithm, model: &CostModel| {
+        let call = Call { op, count: 16 << 20, elem_size: 4, root: 0, hosts: &[0; 4], busy: &[] };
         let ranked = rank_candidates(&call, algorithms_for(op), links, model, &PlanParams::default()).unwrap();
-        ranked.iter().find(|c| c.algorithm == Algorithm::Direct).unwrap().terms.seconds()
+        ranked.iter().find(|c| c.algorithm == algorithm).unwrap().terms.seconds()
     };
     let plain = CostModel::default();
-    assert!(seconds(OpKind::AllReduce, &model) < 0.5 * seconds(OpKind::AllReduce, &plain));
-    assert_eq!(seconds(OpKind::ReduceScatter, &model), seconds(OpKind::ReduceScatter, &plain));
-    // The factor on fixed costs is kept.
-    model.algo_far.set_latency(Algorithm::Direct, 1000.0);
-    assert!(seconds(OpKind::ReduceScatter, &model) > seconds(OpKind::ReduceScatter, &plain));
+    for (algorithm, other_op) in [(Algorithm::Direct, OpKind::ReduceScatter), (Algorithm::Doubling, OpKind::AllGather)]
+    {
+        let mut model = CostModel::default();
+        for at in 0..cost::AlgoFar::SIZES.len() {
+            model.algo_far.set_at(algorithm, at, 5.0);
+        }
+        assert!(seconds(OpKind::AllReduce, algorithm, &model) > 2.0 * seconds(OpKind::AllReduce, algorithm, &plain));
+        assert_eq!(seconds(other_op, algorithm, &model), seconds(other_op, algorithm, &plain), "{algorithm}");
+        // The factor on fixed costs is kept.
+        model.algo_far.set_latency(algorithm, 1000.0);
+        assert!(seconds(other_op, algorithm, &model) > seconds(other_op, algorithm, &plain), "{algorithm}");
+    }
 }

@@ -1,6 +1,6 @@
-//! The memory ceiling of `braid perf`: after each size's calls, every rank times
-//! copies and reductions over its own buffers at once, at the size the row's
-//! work has; the row then shows `bound / measured` (`bound%`). The bound per collective is
+//! The memory ceiling of `braid perf`: after the sweep, every rank times copies
+//! and reductions over its own buffers at once, at the size each row's work has;
+//! a block of `# bound` lines then gives every row's `bound / measured` (`bound%`). The bound per collective is
 //! [`braid::ceiling`]'s.
 
 use std::collections::BTreeMap;
@@ -50,9 +50,8 @@ impl Ceiling {
         }
     }
 
-    /// Measures the rates for a size of `bytes` in each of `places`, right after
-    /// the size's calls (so in the same state of the machine, and after the calls
-    /// themselves: ranks that disagree on the call fail there, naming it). Every
+    /// Measures the rates for a size of `bytes` in each of `places` (after the
+    /// sweep: ranks that disagree on the call have failed on it, naming it). Every
     /// rank times the same kernel over its own buffers at the same moment (a
     /// barrier before each trial), so the rates are one rank's while all of them
     /// work, on the cores and memory the ranks run on; a trial's time is its
@@ -91,14 +90,17 @@ impl Ceiling {
         Ok(())
     }
 
-    /// The header line: what `bound%` is.
+    /// The header of the bound block: what `bound%` is, and its columns.
     pub(crate) fn header(&self) -> String {
         if self.on {
-            "# bound%: the collective's memory bound (braid::ceiling) over the time, at copy and reduce rates \
-             all ranks measure at once after each size"
-                .into()
+            format!(
+                "#\n# Memory bound: the least time the collective's memory work takes at the copy and reduce rates \
+                 all ranks measured at once after the sweep (braid::ceiling), over the row's time\n\
+                 # bound {:>12} {:>12} {:>16} {:>10} {:>10} {:>8}",
+                "size", "place", "algo", "time(us)", "bound(us)", "bound%"
+            )
         } else {
-            "# bound%: none (device buffers or a barrier)".into()
+            "#\n# Memory bound: none (device buffers or a barrier)".into()
         }
     }
 
@@ -151,17 +153,20 @@ impl RowBound {
     }
 }
 
-/// The `bound%` cell of a row.
-pub(crate) fn cell(b: Option<&RowBound>) -> String {
-    match b {
-        Some(b) => {
-            // Three significant digits: a small call's fraction is tiny, not zero.
-            let pct = b.fraction * 100.0;
-            let decimals = if pct > 0.0 { (2 - pct.log10().floor() as i32).clamp(1, 6) as usize } else { 1 };
-            format!("{pct:>7.decimals$}")
-        }
-        None => format!("{:>7}", "-"),
-    }
+/// The `# bound` line of a row (its JSON), or None where it has no bound.
+pub(crate) fn line(row: &serde_json::Value, b: Option<&RowBound>) -> Option<String> {
+    let b = b?;
+    // Three significant digits: a small call's fraction is tiny, not zero.
+    let pct = b.fraction * 100.0;
+    let decimals = if pct > 0.0 { (2 - pct.log10().floor() as i32).clamp(1, 6) as usize } else { 1 };
+    Some(format!(
+        "# bound {:>12} {:>12} {:>16} {:>10.2} {:>10.2} {pct:>8.decimals$}",
+        row["bytes"].as_u64()?,
+        row["place"].as_str()?,
+        row["algo"].as_str()?,
+        row["time_us"].as_f64()?,
+        b.bound_us(),
+    ))
 }
 
 fn human(bytes: usize) -> String {
