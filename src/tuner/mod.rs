@@ -87,7 +87,7 @@ pub(crate) fn plan_all(call: &Call<'_>, algorithm: Algorithm, params: &PlanParam
 }
 
 /// The all-reduce algorithms whose calibrated bandwidth factors price only all-reduce.
-const WHOLE_BUFFER: [Algorithm; 2] = [Algorithm::Direct, Algorithm::Doubling];
+const WHOLE_BUFFER: [Algorithm; 1] = [Algorithm::Direct];
 
 /// Price every algorithm in `allowed` for `call`, cheapest first (ties keep the
 /// order of `allowed`, so the choice is the same on every rank).
@@ -100,15 +100,13 @@ pub fn rank_candidates(
 ) -> Result<Vec<Candidate>, String> {
     let links = Links { hosts: call.hosts, local: links.local, remote: links.remote, busy: call.busy };
     // The per-algorithm factors are fitted to all-reduce calls (`calibrate`). Direct
-    // and doubling all-reduce exchange the whole buffer every round (every rank
-    // reduces all of it), which no other op's schedules of those names do: a
-    // 2-rank reduce-scatter of 64 MiB priced with direct's factor picked direct at
-    // 2.03x the ring's time, and a 4-rank all-gather priced with doubling's took the
-    // ring at 1.46x doubling's (results/one-host-2026-11-27.md). Other ops price
-    // those two's bytes at the link's own costs (their factors on fixed costs, the
-    // waits of a whole-buffer exchange's rounds, hold for any op); dropping every
-    // factor for them made other picks worse (all-gather on 4 ranks up to 2.1x
-    // from the best).
+    // all-reduce is one-shot (every rank reduces the whole buffer), which no other
+    // op's direct schedule resembles: a 2-rank reduce-scatter of 64 MiB priced with
+    // its factor picked direct at 2.03x the ring's time (results/one-host-2026-11-27.md).
+    // Other ops price direct's bytes at the link's own costs (its factor on fixed
+    // costs, the waits of a whole-buffer exchange's rounds, holds for any op).
+    // Dropping every factor for them made other picks worse (all-gather on 4 ranks up
+    // to 2.1x from the best), and so did dropping doubling's too (up to 1.61x).
     let unfitted;
     let model = if call.op == OpKind::AllReduce || !allowed.iter().any(|a| WHOLE_BUFFER.contains(a)) {
         model

@@ -263,14 +263,12 @@ fn the_ring_leads_ties_over_networks_and_across_hosts() {
     }
 }
 
-/// Direct's and doubling's factors come from whole-buffer all-reduce exchanges,
-/// whose bytes no other op's schedules of those names move: a factor that makes
-/// them cheap (or dear) at 64 MiB must not carry to a reduce-scatter or an
-/// all-gather (2-rank reduce-scatter: picked direct, 2.03x slower than the ring;
-/// 4-rank all-gather: the ring, 1.46x slower than doubling), while their factors
-/// on fixed costs still do.
+/// Direct's factors come from the one-shot all-reduce, whose bytes no other op's
+/// direct schedule moves: a factor that makes it cheap (or dear) at 64 MiB must not
+/// carry to a reduce-scatter or an all-gather (2-rank reduce-scatter: picked
+/// direct, 2.03x slower than the ring), while its factor on fixed costs still does.
 #[test]
-fn whole_buffer_all_reduce_factors_price_only_all_reduce() {
+fn direct_all_reduce_factors_price_only_all_reduce() {
     let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
     let seconds = |op: OpKind, algorithm: Algorithm, model: &CostModel| {
         let call = Call { op, count: 16 << 20, elem_size: 4, root: 0, hosts: &[0; 4], busy: &[] };
@@ -278,8 +276,7 @@ fn whole_buffer_all_reduce_factors_price_only_all_reduce() {
         ranked.iter().find(|c| c.algorithm == algorithm).unwrap().terms.seconds()
     };
     let plain = CostModel::default();
-    for (algorithm, other_op) in [(Algorithm::Direct, OpKind::ReduceScatter), (Algorithm::Doubling, OpKind::AllGather)]
-    {
+    for (algorithm, other_op) in [(Algorithm::Direct, OpKind::ReduceScatter), (Algorithm::Direct, OpKind::AllGather)] {
         let mut model = CostModel::default();
         for at in 0..cost::AlgoFar::SIZES.len() {
             model.algo_far.set_at(algorithm, at, 5.0);
