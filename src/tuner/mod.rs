@@ -86,9 +86,6 @@ pub(crate) fn plan_all(call: &Call<'_>, algorithm: Algorithm, params: &PlanParam
     algorithm::plan_ranks(&req, params)
 }
 
-/// The all-reduce algorithms whose calibrated bandwidth factors price only all-reduce.
-const WHOLE_BUFFER: [Algorithm; 1] = [Algorithm::Direct];
-
 /// Price every algorithm in `allowed` for `call`, cheapest first (ties keep the
 /// order of `allowed`, so the choice is the same on every rank).
 pub fn rank_candidates(
@@ -108,15 +105,13 @@ pub fn rank_candidates(
     // Dropping every factor for them made other picks worse (all-gather on 4 ranks up
     // to 2.1x from the best), and so did dropping doubling's too (up to 1.61x).
     let unfitted;
-    let model = if call.op == OpKind::AllReduce || !allowed.iter().any(|a| WHOLE_BUFFER.contains(a)) {
+    let model = if call.op == OpKind::AllReduce || !allowed.contains(&Algorithm::Direct) {
         model
     } else {
         unfitted = {
             let mut m = *model;
-            for a in WHOLE_BUFFER {
-                for at in 0..cost::AlgoFar::SIZES.len() {
-                    m.algo_far.set_at(a, at, 1.0);
-                }
+            for at in 0..cost::AlgoFar::SIZES.len() {
+                m.algo_far.set_at(Algorithm::Direct, at, 1.0);
             }
             m
         };

@@ -118,21 +118,8 @@ impl Ceiling {
 
     /// The rates, work and fraction of a row measured in `seconds`.
     pub(crate) fn row(&self, bytes: usize, place: Place, seconds: f64) -> Option<RowBound> {
-        // The probe ran at the requested sizes; a row's bytes may be a little less
-        // (a whole count per rank), so the nearest probe stands for it.
-        let want = probe_size(self.op, self.ranks, bytes, place);
-        let below = self.rates.range(..=want).next_back();
-        let above = self.rates.range(want..).next();
-        let (_, &rates) = match (below, above) {
-            (Some(b), Some(a)) => {
-                if want - b.0 <= a.0 - want {
-                    b
-                } else {
-                    a
-                }
-            }
-            (b, a) => b.or(a)?,
-        };
+        // `measure` ran at every row's own bytes and place, so the size is there.
+        let rates = *self.rates.get(&probe_size(self.op, self.ranks, bytes, place))?;
         let work = memory_work(self.op, self.ranks, bytes, place == Place::InPlace, rates);
         let fraction = bound_fraction(work, rates, seconds)?;
         Some(RowBound { rates, work, fraction })
