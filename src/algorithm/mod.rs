@@ -155,6 +155,20 @@ pub struct Round {
     pub steps: Vec<Step>,
 }
 
+impl Round {
+    /// Whether a send of `len` bytes to `peer` in this round is half of an exchange:
+    /// the round also receives plain data (no reduction) from the same peer, at least
+    /// a quarter as much (the root check's empty frames and short replies do not
+    /// count). Between processes of a host such a pair goes single-copy, the receiver
+    /// reading the sender's buffer, in calls that reduce nothing (the executor's
+    /// choice and the cost model's price both read it here).
+    pub fn exchanges_with(&self, peer: usize, len: usize) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(*s, Step::Recv { peer: p, dst } if p == peer && dst.len >= len / 4 && dst.len > 0))
+    }
+}
+
 /// Which algorithm a schedule implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {

@@ -78,7 +78,10 @@ impl Engine {
         wait: WaitPolicy,
         aborted: Arc<AtomicBool>,
     ) -> Engine {
-        let links = link_classes(rank, &channels, &vec![0; world]);
+        let links = LinkPair {
+            single_copy_exchanges: cfg.tuning.cma.then_some(cfg.tuning.rendezvous_bytes),
+            ..link_classes(rank, &channels, &vec![0; world])
+        };
         Engine {
             rank,
             world,
@@ -131,7 +134,10 @@ impl Engine {
     /// The hosts of the ranks and which of them take turns on cores; plans made
     /// for another layout are dropped.
     pub(super) fn set_hosts(&mut self, hosts: Vec<usize>, busy: Vec<bool>) {
-        self.tuner.links = link_classes(self.rank, &self.channels, &hosts);
+        self.tuner.links = LinkPair {
+            single_copy_exchanges: self.tuner.links.single_copy_exchanges,
+            ..link_classes(self.rank, &self.channels, &hosts)
+        };
         self.hosts = hosts;
         self.busy_hosts = busy;
         self.plans.clear();
@@ -516,7 +522,7 @@ fn link_classes(rank: usize, channels: &[Option<Box<dyn PeerChannel>>], hosts: &
             _ => None,
         })
     };
-    LinkPair { local: class(true).unwrap_or(LinkClass::SharedMemory), remote: class(false).unwrap_or(LinkClass::Tcp) }
+    LinkPair::new(class(true).unwrap_or(LinkClass::SharedMemory), class(false).unwrap_or(LinkClass::Tcp))
 }
 
 #[cfg(test)]

@@ -275,17 +275,12 @@ impl Drop for CallEnd<'_, '_> {
 }
 
 /// Whether a send of `len` bytes to `peer` in `round` is half of an exchange of
-/// plain copies: a call that reduces nothing, whose round also receives at least a
-/// quarter as much from the same peer (the root check's empty frames and short
-/// replies do not count). A reducing call's sends carry what its reduction just
-/// wrote, which its ring forwards while still in cache: there a single copy
-/// measured slower (2 ranks, 16 MiB all-reduce: 6.1 against 7.0 GB/s).
+/// plain copies ([`Round::exchanges_with`]) in a call that reduces nothing. A
+/// reducing call's sends carry what its reduction just wrote, which its ring
+/// forwards while still in cache: there a single copy measured slower (2 ranks, 16
+/// MiB all-reduce: 6.1 against 7.0 GB/s).
 fn plain_exchange(op: crate::types::OpKind, round: &Round, peer: usize, len: usize) -> bool {
-    !op.reduces()
-        && round
-            .steps
-            .iter()
-            .any(|s| matches!(*s, Step::Recv { peer: p, dst } if p == peer && dst.len >= len / 4 && dst.len > 0))
+    !op.reduces() && round.exchanges_with(peer, len)
 }
 
 fn run_rounds(

@@ -51,7 +51,7 @@ fn terms_of(
     let busy = [busy];
     let call = Call { op: OpKind::AllReduce, count: bytes / 4, elem_size: 4, root: 0, hosts: &hosts, busy: &busy };
     let schedules = plan_all(&call, algorithm, &PlanParams::default()).expect("every all-reduce algorithm plans");
-    let links = Links { hosts: &[], local: class, remote: LinkClass::Tcp, busy: &busy };
+    let links = Links { hosts: &[], local: class, remote: LinkClass::Tcp, busy: &busy, single_copy_exchanges: None };
     predict(&schedules, &links, model)
 }
 
@@ -446,7 +446,8 @@ mod tests {
         let hosts = [0, 0, 1, 1];
         let call = Call { op: OpKind::AllReduce, count: 16 << 20, elem_size: 4, root: 0, hosts: &hosts, busy: &[] };
         let s = plan_all(&call, Algorithm::Tree, &PlanParams::default()).unwrap();
-        let links = Links { hosts: &hosts, local: class, remote: LinkClass::Tcp, busy: &[] };
+        let links =
+            Links { hosts: &hosts, local: class, remote: LinkClass::Tcp, busy: &[], single_copy_exchanges: None };
         assert_eq!(predict(&s, &links, &model), predict(&s, &links, &base));
     }
 

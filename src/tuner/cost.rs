@@ -20,7 +20,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::algorithm::{Algorithm, Schedule, Step};
+use crate::algorithm::{Algorithm, Round, Schedule, Step};
 use crate::transport::TransportKind;
 
 /// A class of links, each with its own costs.
@@ -337,6 +337,11 @@ pub struct Links<'a> {
     pub remote: LinkClass,
     /// Hosts whose ranks outnumber their cores (`busy[h]`; empty: none).
     pub busy: &'a [bool],
+    /// Sends inside a host over shared memory of at least this many bytes that are
+    /// half of an exchange ([`Round::exchanges_with`]) cost the sender no copy: the
+    /// receiver reads its buffer (see [`super::LinkPair::single_copy_exchanges`];
+    /// None for calls that reduce).
+    pub single_copy_exchanges: Option<usize>,
 }
 
 impl Links<'_> {
@@ -345,6 +350,13 @@ impl Links<'_> {
     }
     fn busy(&self, r: usize) -> bool {
         self.busy.get(self.host(r)).copied().unwrap_or(false)
+    }
+    /// Whether a send of `len` bytes to `p` over `class` in `round` is read by the
+    /// receiver out of the sender's buffer, which then copies nothing.
+    fn pulled(&self, class: LinkClass, round: &Round, p: usize, len: u64) -> bool {
+        class == LinkClass::SharedMemory
+            && self.single_copy_exchanges.is_some_and(|from| len >= from as u64)
+            && round.exchanges_with(p, len as usize)
     }
     fn class(&self, a: usize, b: usize) -> LinkClass {
         if self.host(a) == self.host(b) {
@@ -467,7 +479,9 @@ pub fn predict(schedules: &[Schedule], links: &Links<'_>, model: &CostModel) -> 
                     if from.is_none_or(|q| links.class(r, q) != class) {
                         k.msgs += 1;
                     }
-                    k.sent += len;
+                    if !links.pulled(class, round, p, len) {
+                        k.sent += len;
+                    }
                 }
             }
             crossing[r] = (sends_out, receives_in);

@@ -95,23 +95,40 @@ pub fn rank_candidates(
     model: &CostModel,
     params: &PlanParams,
 ) -> Result<Vec<Candidate>, String> {
-    let links = Links { hosts: call.hosts, local: links.local, remote: links.remote, busy: call.busy };
-    // The per-algorithm factors are fitted to all-reduce calls (`calibrate`). Direct
-    // all-reduce is one-shot (every rank reduces the whole buffer), which no other
-    // op's direct schedule resembles: a 2-rank reduce-scatter of 64 MiB priced with
-    // its factor picked direct at 2.03x the ring's time (results/one-host-2026-11-27.md).
-    // Other ops price direct's bytes at the link's own costs (its factor on fixed
-    // costs, the waits of a whole-buffer exchange's rounds, holds for any op).
-    // Dropping every factor for them made other picks worse (all-gather on 4 ranks up
-    // to 2.1x from the best), and so did dropping doubling's too (up to 1.61x).
+    let links = Links {
+        hosts: call.hosts,
+        local: links.local,
+        remote: links.remote,
+        busy: call.busy,
+        single_copy_exchanges: if call.op.reduces() { None } else { links.single_copy_exchanges },
+    };
+    // The per-algorithm factors are fitted to all-reduce calls (`calibrate`), and
+    // two all-reduce schedules resemble no other op's of the same name. Direct
+    // all-reduce is one-shot (every rank reduces the whole buffer): other ops price
+    // direct at the link's own costs (with its factor, a 2-rank reduce-scatter of 64
+    // MiB picked direct at 2.03x the ring's time; with its fixed-cost factor, a
+    // 4-rank all-gather of 4 KiB picked bruck at 1.25x direct's). The tree's is
+    // NCCL's double binary tree, pipelined in segments, where broadcast, reduce,
+    // gather and scatter run a binomial tree of whole messages in a few rounds: they
+    // drop its fixed-cost factor (a 4-rank broadcast of 16 KiB picked the chain at
+    // 1.30x the tree's time) and keep its bandwidth ones (without them, the chain at
+    // 16 MiB at 1.32x): tables in results/one-host-2026-11-27.md. Dropping every
+    // factor made other picks worse (all-gather on 4 ranks up to 2.1x from the
+    // best), and so did dropping doubling's (up to 1.61x): those schedules are the
+    // same exchanges as all-reduce's.
     let unfitted;
-    let model = if call.op == OpKind::AllReduce || !allowed.contains(&Algorithm::Direct) {
+    let model = if call.op == OpKind::AllReduce || !allowed.iter().any(|a| ALL_REDUCE_ONLY_FACTORS.contains(a)) {
         model
     } else {
         unfitted = {
             let mut m = *model;
-            for at in 0..cost::AlgoFar::SIZES.len() {
-                m.algo_far.set_at(Algorithm::Direct, at, 1.0);
+            for a in ALL_REDUCE_ONLY_FACTORS {
+                if a == Algorithm::Direct {
+                    for at in 0..cost::AlgoFar::SIZES.len() {
+                        m.algo_far.set_at(a, at, 1.0);
+                    }
+                }
+                m.algo_far.set_latency(a, 1.0);
             }
             m
         };
@@ -125,6 +142,11 @@ pub fn rank_candidates(
     out.sort_by(|a, b| a.terms.seconds().total_cmp(&b.terms.seconds()));
     Ok(out)
 }
+
+/// Algorithms whose calibrated factors on fixed costs ([`cost::AlgoFar`], fitted to
+/// all-reduce) price only all-reduce (direct's bandwidth factors too): their
+/// schedules for other ops share little but the name.
+const ALL_REDUCE_ONLY_FACTORS: [Algorithm; 2] = [Algorithm::Direct, Algorithm::Tree];
 
 /// The pick among `ranked` (cheapest first, from [`rank_candidates`] over
 /// `allowed`): the first of `allowed` within [`TIE_MARGIN`] of the cheapest.
@@ -142,6 +164,22 @@ pub struct LinkPair {
     pub local: LinkClass,
     /// Between hosts.
     pub remote: LinkClass,
+    /// Transfers inside a host of at least this many bytes that are half of an
+    /// exchange of plain data ([`Round::exchanges_with`](crate::algorithm::Round::exchanges_with))
+    /// go single-copy in calls that reduce nothing: the receiver reads the sender's
+    /// buffer, the sender copies nothing (shared memory between processes with
+    /// `BRAID_CMA` on, its default). None: both ends copy every transfer. It comes
+    /// from the configuration, not from each link's probe, so that every rank
+    /// prices alike.
+    pub single_copy_exchanges: Option<usize>,
+}
+
+impl LinkPair {
+    /// `local` inside a host and `remote` between hosts, every transfer copied at
+    /// both ends.
+    pub const fn new(local: LinkClass, remote: LinkClass) -> LinkPair {
+        LinkPair { local, remote, single_copy_exchanges: None }
+    }
 }
 
 /// What the engine keeps to choose algorithms: the policy, the model and the links.

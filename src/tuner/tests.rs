@@ -52,7 +52,11 @@ fn policy_errors_name_the_problem() {
 }
 
 fn terms(schedules: &[Schedule], local: LinkClass, model: &CostModel) -> Terms {
-    predict(schedules, &Links { hosts: &[], local, remote: LinkClass::Tcp, busy: &[] }, model)
+    predict(
+        schedules,
+        &Links { hosts: &[], local, remote: LinkClass::Tcp, busy: &[], single_copy_exchanges: None },
+        model,
+    )
 }
 
 fn sched(rounds: Vec<Vec<Step>>) -> Schedule {
@@ -100,15 +104,30 @@ fn memory_links_pay_both_directions_and_nics_are_shared_by_a_host() {
     let hosts = [0, 1];
     let tcp = predict(
         &[swap(1), swap(0)],
-        &Links { hosts: &hosts, local: LinkClass::SharedMemory, remote: LinkClass::Tcp, busy: &[] },
+        &Links {
+            hosts: &hosts,
+            local: LinkClass::SharedMemory,
+            remote: LinkClass::Tcp,
+            busy: &[],
+            single_copy_exchanges: None,
+        },
         &m,
     );
     assert!((tcp.seconds() - (2.0 + 1.0)).abs() < 1e-9, "{tcp:?}");
     // Two ranks of host 0 crossing in the same round share its NIC: twice the beta.
     let hosts = [0, 0, 1, 1];
     let s = vec![swap(2), swap(3), swap(0), swap(1)];
-    let shared =
-        predict(&s, &Links { hosts: &hosts, local: LinkClass::SharedMemory, remote: LinkClass::Tcp, busy: &[] }, &m);
+    let shared = predict(
+        &s,
+        &Links {
+            hosts: &hosts,
+            local: LinkClass::SharedMemory,
+            remote: LinkClass::Tcp,
+            busy: &[],
+            single_copy_exchanges: None,
+        },
+        &m,
+    );
     assert!((shared.seconds() - (2.0 + 2.0)).abs() < 1e-9, "{shared:?}");
 }
 
@@ -121,7 +140,13 @@ fn nic_directions_are_shared_apart_and_a_ring_across_hosts_pays_one_and_a_half()
     let r = |len| Region::new(BufId::Output, 0, len);
     let m = unit_model();
     let hosts = [0, 0, 1, 1];
-    let links = Links { hosts: &hosts, local: LinkClass::SharedMemory, remote: LinkClass::Tcp, busy: &[] };
+    let links = Links {
+        hosts: &hosts,
+        local: LinkClass::SharedMemory,
+        remote: LinkClass::Tcp,
+        busy: &[],
+        single_copy_exchanges: None,
+    };
     // Rank 1 sends to host 1 while rank 0 receives from it: 100 bytes each way.
     let s = vec![
         sched(vec![vec![Step::Recv { peer: 3, dst: r(100) }]]),
@@ -166,7 +191,7 @@ fn nic_directions_are_shared_apart_and_a_ring_across_hosts_pays_one_and_a_half()
 }
 
 fn pick(op: OpKind, bytes: usize, hosts: &[usize], local: LinkClass) -> Algorithm {
-    let tuner = Tuner::new(AlgoPolicy::auto(), LinkPair { local, remote: LinkClass::Tcp });
+    let tuner = Tuner::new(AlgoPolicy::auto(), LinkPair::new(local, LinkClass::Tcp));
     tuner.pick(&Call { op, count: bytes / 4, elem_size: 4, root: 0, hosts, busy: &[] }).unwrap()
 }
 
@@ -185,7 +210,7 @@ fn ring_wins_large_all_reduce_and_many_ranks_do_not_pick_direct() {
 /// messages instead of `n - 1`, which pays only where latency dominates.
 #[test]
 fn gather_and_scatter_are_priced_and_large_ones_go_direct() {
-    let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
+    let links = LinkPair::new(LinkClass::SharedMemory, LinkClass::Tcp);
     for op in [OpKind::Gather, OpKind::Scatter] {
         let call = Call { op, count: 1000, elem_size: 4, root: 3, hosts: &[0; 16], busy: &[] };
         let ranked = rank_candidates(&call, algorithms_for(op), links, &CostModel::default(), &PlanParams::default());
@@ -207,7 +232,7 @@ fn gather_and_scatter_are_priced_and_large_ones_go_direct() {
 #[test]
 fn gather_and_scatter_across_hosts_price_hierarchical_below_direct() {
     let hosts: Vec<usize> = (0..64).map(|r| r / 16).collect();
-    let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
+    let links = LinkPair::new(LinkClass::SharedMemory, LinkClass::Tcp);
     for op in [OpKind::Gather, OpKind::Scatter] {
         let call = Call { op, count: 1, elem_size: 4, root: 0, hosts: &hosts, busy: &[] };
         let ranked = rank_candidates(&call, algorithms_for(op), links, &CostModel::default(), &PlanParams::default());
@@ -223,7 +248,7 @@ fn gather_and_scatter_across_hosts_price_hierarchical_below_direct() {
 
 #[test]
 fn the_only_allowed_algorithm_is_taken_without_pricing() {
-    let tuner = Tuner::new(policy("allreduce:direct"), LinkPair { local: LinkClass::Tcp, remote: LinkClass::Tcp });
+    let tuner = Tuner::new(policy("allreduce:direct"), LinkPair::new(LinkClass::Tcp, LinkClass::Tcp));
     let call = Call { op: OpKind::AllReduce, count: 1 << 24, elem_size: 4, root: 0, hosts: &[0; 8], busy: &[] };
     assert_eq!(tuner.pick(&call).unwrap(), Algorithm::Direct);
     let call = Call { op: OpKind::Send, ..call };
@@ -233,7 +258,7 @@ fn the_only_allowed_algorithm_is_taken_without_pricing() {
 #[test]
 fn ranking_is_sorted_and_deterministic() {
     let call = Call { op: OpKind::AllReduce, count: 1000, elem_size: 4, root: 0, hosts: &[0; 5], busy: &[] };
-    let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
+    let links = LinkPair::new(LinkClass::SharedMemory, LinkClass::Tcp);
     let all = algorithms_for(OpKind::AllReduce);
     let a = rank_candidates(&call, all, links, &CostModel::default(), &PlanParams::default()).unwrap();
     let b = rank_candidates(&call, all, links, &CostModel::default(), &PlanParams::default()).unwrap();
@@ -252,8 +277,8 @@ use crate::algorithm::algorithms_for;
 fn the_ring_leads_ties_over_networks_and_across_hosts() {
     let allowed = algorithms_for(OpKind::AllReduce);
     let call = |hosts| Call { op: OpKind::AllReduce, count: 1 << 18, elem_size: 4, root: 0, hosts, busy: &[] };
-    let shm = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
-    let tcp = LinkPair { local: LinkClass::Tcp, remote: LinkClass::Tcp };
+    let shm = LinkPair::new(LinkClass::SharedMemory, LinkClass::Tcp);
+    let tcp = LinkPair::new(LinkClass::Tcp, LinkClass::Tcp);
     assert_eq!(tie_order(allowed, &call(&[0, 0]), shm), allowed.to_vec());
     assert_ne!(allowed[0], Algorithm::Ring);
     for order in [tie_order(allowed, &call(&[0, 0]), tcp), tie_order(allowed, &call(&[0, 0, 1, 1]), shm)] {
@@ -266,25 +291,79 @@ fn the_ring_leads_ties_over_networks_and_across_hosts() {
 /// Direct's factors come from the one-shot all-reduce, whose bytes no other op's
 /// direct schedule moves: a factor that makes it cheap (or dear) at 64 MiB must not
 /// carry to a reduce-scatter or an all-gather (2-rank reduce-scatter: picked
-/// direct, 2.03x slower than the ring), while its factor on fixed costs still does.
+/// direct, 2.03x slower than the ring). Nor do its fixed costs, timed on a round of
+/// whole-buffer reductions (4-rank all-gather of 4 KiB: picked bruck at 1.25x
+/// direct's time), nor the fixed costs of the tree's pipelined double binary tree,
+/// which a binomial broadcast's two rounds do not have (4-rank broadcast of 16 KiB:
+/// picked the chain at 1.30x the tree's time). The tree's bandwidth factors still
+/// price broadcast: without them the chain was picked at 16 MiB at 1.32x.
 #[test]
-fn direct_all_reduce_factors_price_only_all_reduce() {
-    let links = LinkPair { local: LinkClass::SharedMemory, remote: LinkClass::Tcp };
+fn all_reduce_factors_price_other_ops_only_where_their_schedules_match() {
+    let links = LinkPair::new(LinkClass::SharedMemory, LinkClass::Tcp);
     let seconds = |op: OpKind, algorithm: Algorithm, model: &CostModel| {
         let call = Call { op, count: 16 << 20, elem_size: 4, root: 0, hosts: &[0; 4], busy: &[] };
         let ranked = rank_candidates(&call, algorithms_for(op), links, model, &PlanParams::default()).unwrap();
         ranked.iter().find(|c| c.algorithm == algorithm).unwrap().terms.seconds()
     };
     let plain = CostModel::default();
-    for (algorithm, other_op) in [(Algorithm::Direct, OpKind::ReduceScatter), (Algorithm::Direct, OpKind::AllGather)] {
+    let scaled = |algorithm: Algorithm, bandwidth: f64, latency: f64| {
         let mut model = CostModel::default();
         for at in 0..cost::AlgoFar::SIZES.len() {
-            model.algo_far.set_at(algorithm, at, 5.0);
+            model.algo_far.set_at(algorithm, at, bandwidth);
         }
-        assert!(seconds(OpKind::AllReduce, algorithm, &model) > 2.0 * seconds(OpKind::AllReduce, algorithm, &plain));
-        assert_eq!(seconds(other_op, algorithm, &model), seconds(other_op, algorithm, &plain), "{algorithm}");
-        // The factor on fixed costs is kept.
-        model.algo_far.set_latency(algorithm, 1000.0);
-        assert!(seconds(other_op, algorithm, &model) > seconds(other_op, algorithm, &plain), "{algorithm}");
+        model.algo_far.set_latency(algorithm, latency);
+        model
+    };
+    let cases = [
+        (Algorithm::Direct, OpKind::ReduceScatter),
+        (Algorithm::Direct, OpKind::AllGather),
+        (Algorithm::Tree, OpKind::Broadcast),
+    ];
+    for (algorithm, other_op) in cases {
+        let dear = scaled(algorithm, 5.0, 1000.0);
+        assert!(seconds(OpKind::AllReduce, algorithm, &dear) > 2.0 * seconds(OpKind::AllReduce, algorithm, &plain));
+        // Fixed costs are the all-reduce's own.
+        let slow_start = scaled(algorithm, 1.0, 1000.0);
+        assert_eq!(seconds(other_op, algorithm, &slow_start), seconds(other_op, algorithm, &plain), "{algorithm}");
+        let wide = scaled(algorithm, 5.0, 1.0);
+        let carried = seconds(other_op, algorithm, &wide) > 2.0 * seconds(other_op, algorithm, &plain);
+        assert_eq!(carried, algorithm == Algorithm::Tree, "{algorithm} {other_op}: bandwidth factor carried");
     }
+    // Doubling's exchanges are all-reduce's: its factors carry to all-gather.
+    let dear = scaled(Algorithm::Doubling, 5.0, 1000.0);
+    let doubling = |m: &CostModel| seconds(OpKind::AllGather, Algorithm::Doubling, m);
+    assert!(doubling(&dear) > 2.0 * doubling(&plain));
+}
+
+/// Where exchanges of plain data go single-copy (the receiver reads the sender's
+/// buffer), the sender of each exchange copies nothing: recursive doubling's
+/// all-gather, all exchanges, moves half the ring's bytes through each rank, and
+/// the cost model says so (4 ranks, 4 MiB: it picked the ring at 1.46x doubling's
+/// time, results/one-host-2026-11-27.md). A ring's sends go to a peer it does not
+/// receive from, and a reduction's sends carry fresh results: both keep both copies.
+#[test]
+fn single_copy_exchanges_free_the_sender_only_in_exchanges_of_plain_data() {
+    let beta = |op: OpKind, algorithm: Algorithm, single: Option<usize>| {
+        let links =
+            LinkPair { single_copy_exchanges: single, ..LinkPair::new(LinkClass::SharedMemory, LinkClass::Tcp) };
+        let call = Call { op, count: 1 << 20, elem_size: 4, root: 0, hosts: &[0; 4], busy: &[] };
+        let ranked = rank_candidates(&call, &[algorithm], links, &CostModel::default(), &PlanParams::default());
+        ranked.unwrap()[0].terms.beta_s
+    };
+    let (ring, doubling) = (Algorithm::Ring, Algorithm::Doubling);
+    let on = Some(128 << 10);
+    let gather = OpKind::AllGather;
+    assert!((beta(gather, doubling, on) / beta(gather, doubling, None) - 0.5).abs() < 1e-9);
+    assert_eq!(beta(gather, ring, on), beta(gather, ring, None));
+    assert_eq!(beta(OpKind::AllReduce, doubling, on), beta(OpKind::AllReduce, doubling, None));
+    // Below the threshold both ends copy.
+    assert_eq!(beta(gather, doubling, Some(64 << 20)), beta(gather, doubling, None));
+    let call = Call { op: gather, count: 1 << 20, elem_size: 4, root: 0, hosts: &[0; 4], busy: &[] };
+    let pick = |single| {
+        let links =
+            LinkPair { single_copy_exchanges: single, ..LinkPair::new(LinkClass::SharedMemory, LinkClass::Tcp) };
+        let ranked = rank_candidates(&call, &[ring, doubling], links, &CostModel::default(), &PlanParams::default());
+        ranked.unwrap()[0].algorithm
+    };
+    assert_eq!(pick(on), doubling);
 }

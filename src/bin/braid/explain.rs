@@ -115,11 +115,11 @@ fn setup(m: &ModelArgs) -> Result<Setup, String> {
     let default_remote = if m.hosts > 1 { LinkClass::Tcp } else { m.local_link };
     let link = m.link.unwrap_or(default_remote);
     // With one host, --link names the links inside it.
-    let links = if m.hosts > 1 {
-        LinkPair { local: m.local_link, remote: link }
-    } else {
-        LinkPair { local: link, remote: LinkClass::Tcp }
-    };
+    let mut links = if m.hosts > 1 { LinkPair::new(m.local_link, link) } else { LinkPair::new(link, LinkClass::Tcp) };
+    // Ranks are processes: exchanges over shared memory go single-copy as the
+    // environment's `BRAID_CMA` and `BRAID_RENDEZVOUS_BYTES` say, as in a job.
+    let tuning = braid::config::Tuning::from_lookup(&|k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
+    links.single_copy_exchanges = tuning.cma.then_some(tuning.rendezvous_bytes);
     let mut model = CostModel::default();
     if m.probed {
         let local = links.local;
