@@ -127,6 +127,10 @@ pub fn bound_fraction(work: MemoryWork, rates: MemoryRates, measured_seconds: f6
 pub enum Kernel {
     /// `dst = src`.
     Copy,
+    /// `dst = src` with non-temporal stores (x86-64; a plain copy elsewhere), which
+    /// skip reading the destination into cache first: the executor's copies of
+    /// large messages use them, so the copy rate of a ceiling is the faster of the two.
+    StreamCopy,
     /// `dst ⊕= src` in `dtype`, with `op`.
     Reduce(DType, ReduceOp),
 }
@@ -149,7 +153,7 @@ impl Probe {
     /// whole elements, at most the buffers' size).
     pub fn time(&mut self, kernel: Kernel, bytes: usize, reps: usize) -> f64 {
         let elem = match kernel {
-            Kernel::Copy => 1,
+            Kernel::Copy | Kernel::StreamCopy => 1,
             Kernel::Reduce(dtype, _) => dtype.size(),
         };
         let len = bytes.min(self.src.len()) / elem * elem;
@@ -158,6 +162,7 @@ impl Probe {
         for _ in 0..reps {
             match kernel {
                 Kernel::Copy => dst.copy_from_slice(src),
+                Kernel::StreamCopy => crate::reduce::copy_nontemporal(dst, src),
                 // Whole elements, so this cannot fail; were it to, the time would show
                 // a rate with no work done rather than a panic in a measurement.
                 Kernel::Reduce(dtype, op) => {
@@ -286,5 +291,21 @@ mod tests {
         assert_eq!(reps_for(1 << 10, 8 << 20), 8192);
         assert_eq!(reps_for(64 << 20, 8 << 20), 1);
         assert_eq!(reps_for(0, 8), 8);
+    }
+
+    #[test]
+    fn every_kernel_does_its_work_over_the_bytes_asked() {
+        let mut p = Probe::new(1 << 20);
+        p.src.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 7) as u8);
+        for kernel in [Kernel::Copy, Kernel::StreamCopy] {
+            p.dst.fill(9);
+            assert!(p.time(kernel, 1000, 2) > 0.0);
+            assert_eq!(p.dst[..1000], p.src[..1000], "{kernel:?}");
+            assert!(p.dst[1000..].iter().all(|&b| b == 9), "{kernel:?} wrote past the bytes asked");
+        }
+        p.dst.fill(1);
+        p.time(Kernel::Reduce(DType::U8, ReduceOp::Sum), 1000, 3);
+        assert!(p.dst[..1000].iter().zip(&p.src).all(|(&d, &s)| d == 1 + 3 * s));
+        assert!(p.dst[1000..].iter().all(|&b| b == 1));
     }
 }

@@ -66,10 +66,12 @@ impl Ceiling {
         sizes.sort_unstable();
         sizes.dedup();
         let mut probe = Probe::new(sizes.last().copied().unwrap_or(0));
-        let kernels = [Kernel::Copy, Kernel::Reduce(self.dtype, self.reduce_op)];
+        // The copy rate is the faster of a plain and a non-temporal copy (the
+        // executor streams large copies), measured apart.
+        let kernels = [Kernel::Copy, Kernel::StreamCopy, Kernel::Reduce(self.dtype, self.reduce_op)];
         for size in sizes {
             let reps = reps_for(size, MIN_TRIAL_BYTES);
-            let mut per_kernel = [0.0; 2];
+            let mut per_kernel = [0.0; 3];
             for (k, &kernel) in kernels.iter().enumerate() {
                 // Untimed trials first: the first runs of a size were up to 1.8x slower
                 // (a 2-rank copy of 32 MiB: 5.1, 3.9, 3.1, 2.7, 2.7 ms).
@@ -85,7 +87,7 @@ impl Ceiling {
                 let best = times.iter().copied().fold(f64::INFINITY, f64::min);
                 per_kernel[k] = if best > 0.0 && best.is_finite() { (size * reps) as f64 / best } else { 0.0 };
             }
-            self.rates.insert(size, MemoryRates { copy: per_kernel[0], reduce: per_kernel[1] });
+            self.rates.insert(size, MemoryRates { copy: per_kernel[0].max(per_kernel[1]), reduce: per_kernel[2] });
         }
         Ok(())
     }
