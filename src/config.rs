@@ -28,6 +28,8 @@
 //! | `BRAID_FUSION_CYCLE` | how long a fuser's request waits for others to share its bucket (default 1ms; `0`: none) |
 //! | `BRAID_FUSION_COMPRESSION` | `fp16`, `bf16`: a fuser sends f32 sums and averages as halves with error feedback (default `none`) |
 //! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each, round robin when they outnumber the cores), `core`, `none` |
+//! | `BRAID_TRACE_BUFFER` | calls each communicator's flight recorder keeps (default 2000; `0`: off), see [`crate::recorder`] |
+//! | `BRAID_TRACE_DIR` | where each rank writes its flight record (JSON) when a call fails, on abort, on SIGUSR1 and on SIGTERM (default: nowhere; [`crate::Communicator::flight_record`] still answers) |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
@@ -91,6 +93,12 @@ pub struct Config {
     /// Where per-host caches (the tuner's probe) live (`BRAID_CACHE_DIR`; default
     /// `$XDG_CACHE_HOME/braid` or `$HOME/.cache/braid`).
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Calls the flight recorder keeps (`BRAID_TRACE_BUFFER`, default
+    /// [`crate::recorder::DEFAULT_CALLS`]; 0: no recorder).
+    pub trace_buffer: usize,
+    /// Where flight records are written when a call fails, on abort and on
+    /// SIGUSR1/SIGTERM (`BRAID_TRACE_DIR`; None: not written, only returned on demand).
+    pub trace_dir: Option<std::path::PathBuf>,
     /// Allowed transports, None for all.
     pub transports: Option<Vec<TransportKind>>,
     /// TCP interface filter in NCCL syntax.
@@ -135,6 +143,8 @@ impl Config {
             check_roots: true,
             tuner_probe: true,
             cache_dir: None,
+            trace_buffer: crate::recorder::DEFAULT_CALLS,
+            trace_dir: None,
             transports: None,
             socket_ifname: None,
             socket_family: None,
@@ -247,6 +257,15 @@ impl Config {
         cfg.check_roots = flag(&get, "BRAID_CHECK_ROOTS")?.unwrap_or(true);
         cfg.tuner_probe = flag(&get, "BRAID_TUNER_PROBE")?.unwrap_or(true);
         cfg.cache_dir = get("BRAID_CACHE_DIR").filter(|s| !s.is_empty()).map(std::path::PathBuf::from);
+        if let Some(n) = get("BRAID_TRACE_BUFFER").filter(|s| !s.trim().is_empty()) {
+            cfg.trace_buffer = n.trim().parse().ok().filter(|&n| n <= crate::recorder::MAX_CALLS).ok_or_else(|| {
+                Error::Config(format!(
+                    "BRAID_TRACE_BUFFER: `{n}` is not a number of calls from 0 to {}",
+                    crate::recorder::MAX_CALLS
+                ))
+            })?;
+        }
+        cfg.trace_dir = get("BRAID_TRACE_DIR").filter(|s| !s.is_empty()).map(std::path::PathBuf::from);
         if let Some(t) = get("BRAID_TRANSPORTS") {
             let list = t
                 .split(',')

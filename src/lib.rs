@@ -121,6 +121,7 @@ mod executor;
 mod frame;
 pub mod fusion;
 pub mod placement;
+pub mod recorder;
 pub mod reduce;
 pub mod registered;
 pub mod strategy;

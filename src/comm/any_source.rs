@@ -31,6 +31,8 @@ impl Engine {
             timeout: self.timeout,
             wait: self.wait,
             aborted: self.aborted.clone(),
+            // Not recorded: the recorder keeps calls that run through `Engine::run`.
+            progress: None,
         };
         let peer = match executor::any_source::first_sender(&mut self.channels, &info) {
             Ok(peer) => peer,

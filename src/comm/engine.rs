@@ -12,6 +12,7 @@ use crate::device::{Device, DeviceBuffer, DevicePtr};
 use crate::error::{Error, OpContext, Result};
 use crate::executor::{self, Buffers, CallInfo, MemKind, PeerChannel, WaitPolicy};
 use crate::frame::FrameKind;
+use crate::recorder::FlightRecorder;
 use crate::reduce;
 use crate::transport::stream_copy::CallTuner;
 use crate::tuner::{AlgoPolicy, Call, LinkClass, LinkPair, Tuner};
@@ -35,6 +36,8 @@ pub(crate) struct Engine {
     pub(super) comm_id: u32,
     pub(super) epoch: u8,
     pub(super) coll_seq: u64,
+    /// The last calls, for a record after a failure (None: `BRAID_TRACE_BUFFER=0`).
+    pub(super) recorder: Option<Arc<crate::recorder::FlightRecorder>>,
     pub(super) p2p_sent: Vec<u64>,
     pub(super) p2p_received: Vec<u64>,
     pub(super) timeout: Duration,
@@ -89,6 +92,7 @@ impl Engine {
             comm_id,
             epoch: 0,
             coll_seq: 0,
+            recorder: new_recorder(rank, world, comm_id, cfg),
             p2p_sent: vec![0; world],
             p2p_received: vec![0; world],
             timeout: cfg.timeout,
@@ -221,6 +225,22 @@ impl Engine {
         bufs: &mut Buffers,
         seqs: (u64, u64),
     ) -> Result<()> {
+        let recorded = self.recorder.as_ref().map(|r| r.begin(seqs.0, &sig, schedule.rounds.len()));
+        let result = self.run_recorded(sig, schedule, bufs, seqs);
+        if let (Some(r), Some(index)) = (&self.recorder, recorded) {
+            r.end(index, result.as_ref().map(|_| ()));
+            // The first failure writes the record (later calls are refused as broken).
+            if let Err(e) = &result {
+                if !matches!(e, Error::Broken(_)) {
+                    r.round_peers(index, schedule);
+                    r.dump_logged(crate::recorder::reason_of(e));
+                }
+            }
+        }
+        result
+    }
+
+    fn run_recorded(&mut self, sig: CallSig, schedule: &Schedule, bufs: &mut Buffers, seqs: (u64, u64)) -> Result<()> {
         self.refuse_if_stopped(sig)?;
         let info = CallInfo {
             ctx: self.ctx(Some(sig), seqs.1),
@@ -234,6 +254,7 @@ impl Engine {
             timeout: self.timeout,
             wait: self.wait,
             aborted: self.aborted.clone(),
+            progress: self.recorder.clone(),
         };
         // SAFETY: `bufs` comes from `collective`/`point_to_point`, whose pointers are
         // the caller's live slices of the checked lengths, borrowed for this whole call.
@@ -296,6 +317,9 @@ impl Engine {
     pub(super) fn notice_abort(&mut self) {
         if self.broken.is_none() && self.aborted.load(Ordering::Relaxed) {
             self.fail(Error::Aborted { rank: self.rank, call: None }.to_string());
+            if let Some(r) = &self.recorder {
+                r.dump_logged("aborted");
+            }
         }
     }
 
@@ -508,6 +532,14 @@ impl Drop for Engine {
             }
         }
     }
+}
+
+/// The flight recorder `cfg` asks for, watching for signals when it writes records.
+fn new_recorder(rank: usize, world: usize, comm_id: u32, cfg: &crate::config::Config) -> Option<Arc<FlightRecorder>> {
+    let who = crate::recorder::Identity { rank, world, comm_id, epoch: 0 };
+    let recorder = Arc::new(FlightRecorder::new(who, cfg.trace_buffer, cfg.trace_dir.clone())?);
+    crate::recorder::signals::watch(&recorder);
+    Some(recorder)
 }
 
 /// The link classes a rank prices with: inside its host, the class of a channel to

@@ -309,6 +309,31 @@ impl Communicator {
         self.core.shared.abort();
     }
 
+    /// This rank's flight record: its last calls (`BRAID_TRACE_BUFFER` of them),
+    /// where each got to and how each failed, as one JSON object (fields in
+    /// [`crate::recorder::FlightRecorder::to_json`]; `braid doctor` reads a
+    /// directory of them). Safe to call from another thread while a call hangs.
+    /// None when the recorder is off (`BRAID_TRACE_BUFFER=0`).
+    pub fn flight_record(&self) -> Option<String> {
+        self.core.shared.recorder.as_ref().map(|r| r.to_json("on demand"))
+    }
+
+    /// Write this rank's flight record into `dir`, or else into `BRAID_TRACE_DIR`,
+    /// as `braid-<comm>-e<epoch>-rank<r>.json` (replacing an earlier one whole):
+    /// the file's path.
+    pub fn dump_flight_record(&self, dir: Option<&std::path::Path>) -> Result<std::path::PathBuf> {
+        let Some(r) = self.core.shared.recorder.as_ref() else {
+            return Err(Error::Unsupported("the flight recorder is off (BRAID_TRACE_BUFFER=0)".into()));
+        };
+        let Some(dir) = dir.or(r.dir()) else {
+            return Err(Error::InvalidArgument(
+                "no directory for the flight record: pass one or set BRAID_TRACE_DIR".into(),
+            ));
+        };
+        r.dump_to(dir, "on demand")
+            .map_err(|source| Error::Io { what: format!("writing the flight record into {}", dir.display()), source })
+    }
+
     /// Close this communicator and report whether every rank closed it in order:
     /// what dropping it cannot report.
     ///

@@ -206,6 +206,8 @@ impl Engine {
             timeout: self.timeout,
             wait: self.wait,
             aborted: self.aborted.clone(),
+            // Not recorded: the recorder keeps calls that run through `Engine::run`.
+            progress: None,
         };
         // SAFETY: the messages come from `P2p`s, whose memory the caller keeps for
         // the call, receives overlapping nothing else (`check_group`).

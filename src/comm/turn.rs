@@ -29,6 +29,8 @@ pub(super) struct Shared {
     turn: Condvar,
     /// The flag the engine and the executor read; set once, never cleared.
     pub(super) aborted: Arc<AtomicBool>,
+    /// The engine's flight recorder, readable while a call holds the engine.
+    pub(super) recorder: Option<Arc<crate::recorder::FlightRecorder>>,
 }
 
 /// Passes the turn on when dropped: after the call returns and while it unwinds.
@@ -62,6 +64,7 @@ impl Shared {
     pub(super) fn new(engine: Engine, aborted: Arc<AtomicBool>) -> Shared {
         Shared {
             rank: engine.rank,
+            recorder: engine.recorder.clone(),
             engine: Mutex::new(engine),
             next_ticket: AtomicU64::new(0),
             serving: AtomicU64::new(0),

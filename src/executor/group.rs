@@ -53,6 +53,7 @@ pub unsafe fn execute_group(channels: &mut Channels, group: &[GroupMessage], cal
             timeout: call.timeout,
             wait: call.wait,
             aborted: call.aborted.clone(),
+            progress: call.progress.clone(),
         };
         let region = MemRegion { ptr: m.ptr, len: m.len, kind: MemKind::Host };
         let ch = channel_mut(end.channels, m.peer, &info)?;

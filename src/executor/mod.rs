@@ -190,6 +190,9 @@ pub struct CallInfo {
     /// Set from another thread to abort the call: checked once per pass of the
     /// transfer loop, which then returns [`Error::Aborted`].
     pub aborted: Arc<AtomicBool>,
+    /// The communicator's flight recorder, told the round the call is in and whom
+    /// it waits on when it goes idle (None: no recorder).
+    pub progress: Option<Arc<crate::recorder::FlightRecorder>>,
 }
 
 /// Executor state kept between calls so a call allocates nothing: the round's
@@ -298,6 +301,9 @@ fn run_rounds(
         last_receive_rounds(schedule, channels.len(), last_receive);
     }
     for (index, round) in schedule.rounds.iter().enumerate() {
+        if let Some(p) = &call.progress {
+            p.round(index);
+        }
         gates.clear();
         for step in &round.steps {
             match *step {
@@ -437,6 +443,9 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
     // complete within them, and a clock read delays noticing the peer's data.
     let mut spinning_passes = PASSES_PER_CLOCK_READ;
     let mut passes_to_answer = PASSES_PER_ANSWER;
+    // Whether the recorder heard whom this wait is for (once per wait, when it
+    // stops spinning: the moment a hang becomes visible).
+    let mut told_recorder = false;
     loop {
         // A plain load: this is the hot loop. Every wait below is bounded (100 ms
         // in poll, 1 ms asleep), so an abort is seen well within a second.
@@ -482,6 +491,10 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
                     Err(Error::Timeout { ctx: call.ctx.clone(), timeout: call.timeout, waiting_on, chain })
                 }
             };
+        }
+        if let (false, true, Some(p)) = (told_recorder, idle >= call.wait.spin, &call.progress) {
+            told_recorder = true;
+            p.waiting_on(&wait_chain::busy_ranks(channels));
         }
         if idle < call.wait.spin {
             if call.wait.yield_while_spinning {

@@ -191,6 +191,7 @@ fn mirror(call: &CallInfo) -> Option<CallInfo> {
         timeout: call.timeout,
         wait: call.wait,
         aborted: call.aborted.clone(),
+        progress: call.progress.clone(),
     })
 }
 

@@ -29,6 +29,7 @@ fn call(rank: usize) -> CallInfo {
         timeout: Duration::from_secs(10),
         wait: WaitPolicy::for_ranks(1),
         aborted: Arc::new(AtomicBool::new(false)),
+        progress: None,
     }
 }
 

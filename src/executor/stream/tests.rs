@@ -25,6 +25,7 @@ pub(super) fn call(rank: usize, count: usize) -> CallInfo {
         timeout: Duration::from_secs(10),
         wait: WaitPolicy::for_ranks(1),
         aborted: Arc::new(AtomicBool::new(false)),
+        progress: None,
     }
 }
 

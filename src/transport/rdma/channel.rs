@@ -218,6 +218,7 @@ impl<N: Nic> RdmaChannel<N> {
             timeout: give_up.saturating_duration_since(Instant::now()),
             wait: WaitPolicy::for_ranks(1),
             aborted: Arc::new(AtomicBool::new(false)),
+            progress: None,
         }
     }
 

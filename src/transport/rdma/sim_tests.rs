@@ -34,6 +34,7 @@ fn call(rank: usize, count: u64) -> CallInfo {
         timeout: Duration::from_secs(10),
         wait: WaitPolicy::for_ranks(1),
         aborted: Arc::new(AtomicBool::new(false)),
+        progress: None,
     }
 }
 
