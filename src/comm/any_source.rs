@@ -30,9 +30,7 @@ impl Engine {
             reduce_op: ReduceOp::Sum,
             timeout: self.timeout,
             wait: self.wait,
-            aborted: self.aborted.clone(),
-            // Not recorded: the recorder keeps calls that run through `Engine::run`.
-            progress: None,
+            flags: self.aborted.clone(),
         };
         let peer = match executor::any_source::first_sender(&mut self.channels, &info) {
             Ok(peer) => peer,

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +53,7 @@ pub(crate) struct Engine {
     pub(super) broken: Option<String>,
     /// Set by [`crate::Communicator::abort`] from any thread; the executor reads it
     /// once per pass of its transfer loop.
-    pub(super) aborted: Arc<AtomicBool>,
+    pub(super) aborted: Arc<executor::CallFlags>,
     pub(super) scratch: Vec<u8>,
     /// The input of the latest in-place all-to-all, copied out of its buffer
     /// (kept, so repeated calls do not allocate).
@@ -79,7 +79,7 @@ impl Engine {
         comm_id: u32,
         cfg: &crate::config::Config,
         wait: WaitPolicy,
-        aborted: Arc<AtomicBool>,
+        aborted: Arc<executor::CallFlags>,
     ) -> Engine {
         let links = LinkPair {
             single_copy_exchanges: cfg.tuning.cma.then_some(cfg.tuning.rendezvous_bytes),
@@ -92,7 +92,7 @@ impl Engine {
             comm_id,
             epoch: 0,
             coll_seq: 0,
-            recorder: new_recorder(rank, world, comm_id, cfg),
+            recorder: new_recorder(rank, world, comm_id, cfg, &aborted),
             p2p_sent: vec![0; world],
             p2p_received: vec![0; world],
             timeout: cfg.timeout,
@@ -226,12 +226,14 @@ impl Engine {
         seqs: (u64, u64),
     ) -> Result<()> {
         let recorded = self.recorder.as_ref().map(|r| r.begin(seqs.0, &sig, schedule.rounds.len()));
+        let was_broken = self.broken.is_some();
         let result = self.run_recorded(sig, schedule, bufs, seqs);
         if let (Some(r), Some(index)) = (&self.recorder, recorded) {
             r.end(index, result.as_ref().map(|_| ()));
-            // The first failure writes the record (later calls are refused as broken).
+            // The failure that broke the communicator writes the record; the calls
+            // refused after it add nothing a person needs.
             if let Err(e) = &result {
-                if !matches!(e, Error::Broken(_)) {
+                if !was_broken {
                     r.round_peers(index, schedule);
                     r.dump_logged(crate::recorder::reason_of(e));
                 }
@@ -253,8 +255,7 @@ impl Engine {
             reduce_op: sig.reduce_op,
             timeout: self.timeout,
             wait: self.wait,
-            aborted: self.aborted.clone(),
-            progress: self.recorder.clone(),
+            flags: self.aborted.clone(),
         };
         // SAFETY: `bufs` comes from `collective`/`point_to_point`, whose pointers are
         // the caller's live slices of the checked lengths, borrowed for this whole call.
@@ -535,9 +536,15 @@ impl Drop for Engine {
 }
 
 /// The flight recorder `cfg` asks for, watching for signals when it writes records.
-fn new_recorder(rank: usize, world: usize, comm_id: u32, cfg: &crate::config::Config) -> Option<Arc<FlightRecorder>> {
+fn new_recorder(
+    rank: usize,
+    world: usize,
+    comm_id: u32,
+    cfg: &crate::config::Config,
+    flags: &Arc<executor::CallFlags>,
+) -> Option<Arc<FlightRecorder>> {
     let who = crate::recorder::Identity { rank, world, comm_id, epoch: 0 };
-    let recorder = Arc::new(FlightRecorder::new(who, cfg.trace_buffer, cfg.trace_dir.clone())?);
+    let recorder = Arc::new(FlightRecorder::new(who, cfg.trace_buffer, cfg.trace_dir.clone(), flags.clone())?);
     crate::recorder::signals::watch(&recorder);
     Some(recorder)
 }
@@ -564,7 +571,7 @@ mod tests {
 
     fn engine() -> Engine {
         let cfg = crate::config::Config::new(0, 2);
-        let aborted = Arc::new(AtomicBool::new(false));
+        let aborted = Arc::new(executor::CallFlags::default());
         Engine::new(0, 2, vec![None, None], 1, &cfg, WaitPolicy::for_ranks(2), aborted)
     }
 

@@ -41,7 +41,7 @@ mod turn;
 mod vcollectives;
 mod vcollectives_raw;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -256,7 +256,7 @@ impl Communicator {
         wait: WaitPolicy,
     ) -> Communicator {
         let transports = channels.iter().map(|c| c.as_ref().map(|c| c.kind())).collect();
-        let aborted = Arc::new(AtomicBool::new(false));
+        let aborted = Arc::new(crate::executor::CallFlags::default());
         panic_note::install();
         let engine = Engine::new(rank, world, channels, comm_id, cfg, wait, aborted.clone());
         Communicator {

@@ -205,9 +205,7 @@ impl Engine {
             reduce_op: ReduceOp::Sum,
             timeout: self.timeout,
             wait: self.wait,
-            aborted: self.aborted.clone(),
-            // Not recorded: the recorder keeps calls that run through `Engine::run`.
-            progress: None,
+            flags: self.aborted.clone(),
         };
         // SAFETY: the messages come from `P2p`s, whose memory the caller keeps for
         // the call, receives overlapping nothing else (`check_group`).

@@ -6,7 +6,7 @@
 //! left waiting on one that will never come.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 
 use super::engine::Engine;
@@ -28,7 +28,7 @@ pub(super) struct Shared {
     wait_lock: Mutex<()>,
     turn: Condvar,
     /// The flag the engine and the executor read; set once, never cleared.
-    pub(super) aborted: Arc<AtomicBool>,
+    pub(super) aborted: Arc<crate::executor::CallFlags>,
     /// The engine's flight recorder, readable while a call holds the engine.
     pub(super) recorder: Option<Arc<crate::recorder::FlightRecorder>>,
 }
@@ -61,7 +61,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Shared {
-    pub(super) fn new(engine: Engine, aborted: Arc<AtomicBool>) -> Shared {
+    pub(super) fn new(engine: Engine, aborted: Arc<crate::executor::CallFlags>) -> Shared {
         Shared {
             rank: engine.rank,
             recorder: engine.recorder.clone(),

@@ -30,7 +30,7 @@ pub fn first_sender(channels: &mut Channels, call: &CallInfo) -> Result<usize> {
     let start = Instant::now();
     let mut sleep = Duration::from_micros(5);
     loop {
-        if call.aborted.load(Ordering::Relaxed) {
+        if call.flags.load(Ordering::Relaxed) {
             return Err(Error::Aborted { rank: call.ctx.rank, call: Some(call.sig) });
         }
         let mut silent = Vec::new();

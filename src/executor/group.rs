@@ -52,8 +52,7 @@ pub unsafe fn execute_group(channels: &mut Channels, group: &[GroupMessage], cal
             reduce_op: m.sig.reduce_op,
             timeout: call.timeout,
             wait: call.wait,
-            aborted: call.aborted.clone(),
-            progress: call.progress.clone(),
+            flags: call.flags.clone(),
         };
         let region = MemRegion { ptr: m.ptr, len: m.len, kind: MemKind::Host };
         let ch = channel_mut(end.channels, m.peer, &info)?;

@@ -187,12 +187,65 @@ pub struct CallInfo {
     pub timeout: Duration,
     /// How to wait.
     pub wait: WaitPolicy,
-    /// Set from another thread to abort the call: checked once per pass of the
-    /// transfer loop, which then returns [`Error::Aborted`].
-    pub aborted: Arc<AtomicBool>,
-    /// The communicator's flight recorder, told the round the call is in and whom
-    /// it waits on when it goes idle (None: no recorder).
-    pub progress: Option<Arc<crate::recorder::FlightRecorder>>,
+    /// The communicator's abort flag (set from another thread to abort the call:
+    /// checked once per pass of the transfer loop, which then returns
+    /// [`Error::Aborted`]) and the call's progress for the flight recorder.
+    pub flags: Arc<CallFlags>,
+}
+
+/// What the threads around a communicator's calls share with them: the abort flag
+/// (the `AtomicBool` this derefs to), and where the current call is, for the
+/// flight recorder to read while the call waits. One allocation per communicator
+/// whose handle every call already carries, so the progress costs a call a store
+/// per round and nothing more.
+#[derive(Debug, Default)]
+pub struct CallFlags {
+    aborted: AtomicBool,
+    round: std::sync::atomic::AtomicU32,
+    /// Whom the current call waited on when it last went idle (written off the hot path).
+    waiting: std::sync::Mutex<Vec<usize>>,
+    /// Whether `waiting` holds anything (so a call that never waited takes no lock).
+    waited: AtomicBool,
+}
+
+impl std::ops::Deref for CallFlags {
+    type Target = AtomicBool;
+    fn deref(&self) -> &AtomicBool {
+        &self.aborted
+    }
+}
+
+impl CallFlags {
+    /// The current call enters round `k` (0 starts a call: it waits on nobody yet).
+    #[inline]
+    pub fn set_round(&self, k: usize) {
+        self.round.store(k as u32, Ordering::Relaxed);
+    }
+    /// The current call went idle waiting on `peers`.
+    pub fn set_waiting(&self, peers: &[usize]) {
+        if let Ok(mut w) = self.waiting.lock() {
+            w.clear();
+            w.extend_from_slice(peers);
+            self.waited.store(true, Ordering::Relaxed);
+        }
+    }
+    /// The current call's round and whom it waited on.
+    pub fn progress(&self) -> (usize, Vec<usize>) {
+        let waiting = self.waiting.lock().map(|w| w.clone()).unwrap_or_default();
+        (self.round.load(Ordering::Relaxed) as usize, waiting)
+    }
+    /// A new call starts.
+    pub(crate) fn start_call(&self) {
+        self.round.store(0, Ordering::Relaxed);
+        // Only a call that waited idle wrote the list: the lock is taken only then.
+        // (The call's thread is the only writer of both: no read-modify-write.)
+        if self.waited.load(Ordering::Relaxed) {
+            self.waited.store(false, Ordering::Relaxed);
+            if let Ok(mut w) = self.waiting.lock() {
+                w.clear();
+            }
+        }
+    }
 }
 
 /// Executor state kept between calls so a call allocates nothing: the round's
@@ -301,9 +354,7 @@ fn run_rounds(
         last_receive_rounds(schedule, channels.len(), last_receive);
     }
     for (index, round) in schedule.rounds.iter().enumerate() {
-        if let Some(p) = &call.progress {
-            p.round(index);
-        }
+        call.flags.set_round(index);
         gates.clear();
         for step in &round.steps {
             match *step {
@@ -449,7 +500,7 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
     loop {
         // A plain load: this is the hot loop. Every wait below is bounded (100 ms
         // in poll, 1 ms asleep), so an abort is seen well within a second.
-        if call.aborted.load(Ordering::Relaxed) {
+        if call.flags.load(Ordering::Relaxed) {
             return Err(Error::Aborted { rank: call.ctx.rank, call: Some(call.sig) });
         }
         let mut progressed = false;
@@ -492,9 +543,9 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
                 }
             };
         }
-        if let (false, true, Some(p)) = (told_recorder, idle >= call.wait.spin, &call.progress) {
+        if !told_recorder && idle >= call.wait.spin {
             told_recorder = true;
-            p.waiting_on(&wait_chain::busy_ranks(channels));
+            call.flags.set_waiting(&wait_chain::busy_ranks(channels));
         }
         if idle < call.wait.spin {
             if call.wait.yield_while_spinning {

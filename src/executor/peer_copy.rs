@@ -190,8 +190,7 @@ fn mirror(call: &CallInfo) -> Option<CallInfo> {
         reduce_op: call.reduce_op,
         timeout: call.timeout,
         wait: call.wait,
-        aborted: call.aborted.clone(),
-        progress: call.progress.clone(),
+        flags: call.flags.clone(),
     })
 }
 

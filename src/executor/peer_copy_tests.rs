@@ -1,7 +1,6 @@
 //! The single-copy device channel driven directly, two ranks' channels over an
 //! in-process link, each on its own simulated device.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,8 +27,7 @@ fn call(rank: usize, count: usize) -> CallInfo {
         reduce_op: ReduceOp::Sum,
         timeout: Duration::from_secs(10),
         wait: WaitPolicy::for_ranks(1),
-        aborted: Arc::new(AtomicBool::new(false)),
-        progress: None,
+        flags: Default::default(),
     }
 }
 

@@ -280,7 +280,7 @@ pub(super) fn investigate(
         slot.queue(&word);
     }
     loop {
-        if call.aborted.load(std::sync::atomic::Ordering::Relaxed) {
+        if call.flags.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Aborted { rank: me, call: Some(call.sig) });
         }
         ask_reachable(channels, call, &mut probes, &failed);

@@ -2,8 +2,6 @@
 //! channel, with a raw link on the other end sending what a broken or hostile peer
 //! might.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use super::*;
 use crate::error::OpContext;
@@ -28,8 +26,7 @@ fn call(rank: usize) -> CallInfo {
         reduce_op: ReduceOp::Sum,
         timeout: Duration::from_secs(10),
         wait: WaitPolicy::for_ranks(1),
-        aborted: Arc::new(AtomicBool::new(false)),
-        progress: None,
+        flags: Default::default(),
     }
 }
 

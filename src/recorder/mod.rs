@@ -25,11 +25,11 @@ mod tests;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::algorithm::Algorithm;
 use crate::error::Error;
-use crate::executor::ChainEnd;
+use crate::executor::{CallFlags, ChainEnd};
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
 use json::Json;
@@ -78,8 +78,10 @@ impl CallState {
     }
 }
 
-/// One call's slot: a sequence lock (`version` odd while written) over atomics.
+/// One call's slot: a sequence lock (`version` odd while written) over atomics,
+/// one cache line each (a slot across two lines costs a call two line fills).
 #[derive(Default)]
+#[repr(align(64))]
 struct Slot {
     version: AtomicU64,
     seq: AtomicU64,
@@ -244,10 +246,9 @@ pub struct FlightRecorder {
     slots: Box<[Slot]>,
     /// Calls recorded so far: the next call's index (its slot is `index % len`).
     next: AtomicU64,
-    /// Round the in-flight call is in (0-based).
-    round: AtomicU32,
-    /// Whom the in-flight call waited on when it last went idle.
-    waiting: Mutex<Vec<usize>>,
+    /// The communicator's abort flag, which carries the in-flight call's round
+    /// and whom it waited on when it last went idle.
+    flags: Arc<CallFlags>,
     failures: Mutex<VecDeque<Failure>>,
     clock: clock::Clock,
     dir: Option<PathBuf>,
@@ -259,7 +260,7 @@ pub struct FlightRecorder {
 impl FlightRecorder {
     /// A recorder of the last `calls` calls (at most [`MAX_CALLS`]; None for 0),
     /// writing its record into `dir` on failure, abort and signals.
-    pub fn new(who: Identity, calls: usize, dir: Option<PathBuf>) -> Option<FlightRecorder> {
+    pub(crate) fn new(who: Identity, calls: usize, dir: Option<PathBuf>, flags: Arc<CallFlags>) -> Option<FlightRecorder> {
         if calls == 0 {
             return None;
         }
@@ -268,8 +269,7 @@ impl FlightRecorder {
             who,
             slots: slots.into_boxed_slice(),
             next: AtomicU64::new(0),
-            round: AtomicU32::new(0),
-            waiting: Mutex::new(Vec::new()),
+            flags,
             failures: Mutex::new(VecDeque::new()),
             clock: clock::Clock::new(),
             dir,
@@ -285,6 +285,7 @@ impl FlightRecorder {
     /// A call starts: its slot index. The same call again right after it finished
     /// (a rooted call's agreement, then its data) reuses its slot.
     pub fn begin(&self, seq: u64, sig: &CallSig, rounds: usize) -> u64 {
+        self.flags.start_call();
         let next = self.next.load(Ordering::Relaxed);
         let now = self.clock.now();
         let packed = pack(sig);
@@ -299,7 +300,6 @@ impl FlightRecorder {
                     s.rounds.store(rounds as u32, Ordering::Relaxed);
                     s.state.store(CallState::Started.code(), Ordering::Relaxed);
                 });
-                self.round.store(0, Ordering::Relaxed);
                 return last;
             }
         }
@@ -314,23 +314,8 @@ impl FlightRecorder {
             s.start.store(now, Ordering::Relaxed);
             s.end.store(0, Ordering::Relaxed);
         });
-        self.round.store(0, Ordering::Relaxed);
         self.next.store(next + 1, Ordering::Release);
         next
-    }
-
-    /// The in-flight call entered round `k`.
-    #[inline]
-    pub fn round(&self, k: usize) {
-        self.round.store(k as u32, Ordering::Relaxed);
-    }
-
-    /// The in-flight call went idle waiting on `peers` (off the hot path).
-    pub fn waiting_on(&self, peers: &[usize]) {
-        if let Ok(mut w) = self.waiting.lock() {
-            w.clear();
-            w.extend_from_slice(peers);
-        }
     }
 
     /// The peers of each round of call `index` (kept for the failed or idle call).
@@ -392,9 +377,8 @@ impl FlightRecorder {
         let len = self.slots.len() as u64;
         let first = next.saturating_sub(len);
         let failures: Vec<Failure> = self.failures.lock().map(|f| f.iter().cloned().collect()).unwrap_or_default();
-        let waiting = self.waiting.lock().map(|w| w.clone()).unwrap_or_default();
+        let (round, waiting) = self.flags.progress();
         let peers = self.peers.lock().ok().and_then(|p| p.clone());
-        let round = self.round.load(Ordering::Relaxed);
         let to_us = self.clock.converter();
         let mut calls = Vec::with_capacity((next - first) as usize);
         for index in first..next {
@@ -414,7 +398,7 @@ impl FlightRecorder {
             o.field("state", c.state.name());
             let reached = match c.state {
                 CallState::Done => c.rounds.saturating_sub(1),
-                _ if last => round,
+                _ if last => round as u32,
                 _ => 0,
             };
             o.field("round", reached as u64).field("rounds", c.rounds as u64);

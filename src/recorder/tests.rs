@@ -5,11 +5,11 @@ use serde_json::Value;
 
 use super::*;
 use crate::error::OpContext;
-use crate::executor::WaitChain;
+use crate::executor::{CallFlags, WaitChain};
 
 fn recorder(calls: usize) -> FlightRecorder {
     let who = Identity { rank: 1, world: 4, comm_id: 0xabcd, epoch: 0 };
-    FlightRecorder::new(who, calls, None).expect("a recorder")
+    FlightRecorder::new(who, calls, None, Default::default()).expect("a recorder")
 }
 
 fn sig(op: OpKind, count: u64) -> CallSig {
@@ -27,15 +27,17 @@ fn ctx(seq: u64) -> OpContext {
 #[test]
 fn no_calls_no_recorder() {
     let who = Identity { rank: 0, world: 1, comm_id: 1, epoch: 0 };
-    assert!(FlightRecorder::new(who, 0, None).is_none());
+    assert!(FlightRecorder::new(who, 0, None, Default::default()).is_none());
 }
 
 #[test]
 fn a_call_is_recorded_with_its_signature_progress_and_outcome() {
-    let r = recorder(8);
+    let flags: Arc<CallFlags> = Default::default();
+    let who = Identity { rank: 1, world: 4, comm_id: 0xabcd, epoch: 0 };
+    let r = FlightRecorder::new(who, 8, None, flags.clone()).unwrap();
     let i = r.begin(0, &sig(OpKind::AllReduce, 1000), 6);
-    r.round(3);
-    r.waiting_on(&[2]);
+    flags.set_round(3);
+    flags.set_waiting(&[2]);
     let v = parse(&r);
     assert_eq!((v["rank"].as_u64(), v["world"].as_u64(), v["comm"].as_str()), (Some(1), Some(4), Some("0000abcd")));
     let c = &v["calls"][0];
@@ -179,7 +181,7 @@ fn a_concurrent_reader_sees_only_whole_calls() {
 fn a_dump_replaces_the_file_whole() {
     let dir = std::env::temp_dir().join(format!("braid-recorder-test-{}", std::process::id()));
     let who = Identity { rank: 3, world: 4, comm_id: 0x12, epoch: 1 };
-    let r = FlightRecorder::new(who, 4, Some(dir.clone())).unwrap();
+    let r = FlightRecorder::new(who, 4, Some(dir.clone()), Default::default()).unwrap();
     let i = r.begin(0, &sig(OpKind::AllReduce, 8), 2);
     r.end(i, Ok(()));
     let path = r.dump("first").unwrap().unwrap();
@@ -192,3 +194,4 @@ fn a_dump_replaces_the_file_whole() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(leftovers, 1, "nothing but the record is left");
 }
+

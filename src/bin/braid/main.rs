@@ -1,7 +1,9 @@
 //! `braid`: launch ranks (`braid run`), measure collectives (`braid perf`) and draw
-//! saved measurements (`braid plot`), and show the tuner's reasoning (`braid explain`,
-//! `braid simulate`).
+//! saved measurements (`braid plot`), show the tuner's reasoning (`braid explain`,
+//! `braid simulate`), and read a failed job's flight records (`braid doctor`).
 
+mod doctor;
+mod drill;
 mod explain;
 mod launch;
 mod perf;
@@ -41,6 +43,18 @@ enum Command {
     ///
     /// Example: `braid simulate --ranks 1024 --hosts 128 --link rdma --gbps 200 --latency-us 3`.
     Simulate(explain::SimulateArgs),
+    /// Read the flight records of a failed or hung job and name the rank to look at.
+    ///
+    /// Reads every `*.json` record the ranks wrote into DIR (`BRAID_TRACE_DIR`); exits
+    /// 1 when it finds a fault, 0 when all looks healthy, 2 when DIR holds no record.
+    ///
+    /// Example: `BRAID_TRACE_DIR=/tmp/traces braid run -n 4 ./train`, then `braid doctor /tmp/traces`.
+    Doctor(doctor::DoctorArgs),
+    /// Rehearse a failure: every rank runs the same collectives, one misbehaves.
+    ///
+    /// Under a launcher with `BRAID_TRACE_DIR` set, then `braid doctor` on it.
+    /// Example: `BRAID_TRACE_DIR=/tmp/t braid run -n 4 -- braid drill --calls all-reduce,broadcast --repeat 3 --skip 2:3`.
+    Drill(drill::DrillArgs),
 }
 
 fn main() {
@@ -56,6 +70,8 @@ fn main() {
         Command::Plot(args) => plot::main(args),
         Command::Explain(args) => explain::explain(args),
         Command::Simulate(args) => explain::simulate(args),
+        Command::Doctor(args) => doctor::main(args),
+        Command::Drill(args) => drill::run(args),
     };
     std::process::exit(code);
 }

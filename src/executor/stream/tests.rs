@@ -1,7 +1,5 @@
 //! The stream channel through the request interface alone, as the executor uses it.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::StreamChannel;
@@ -24,8 +22,7 @@ pub(super) fn call(rank: usize, count: usize) -> CallInfo {
         reduce_op: ReduceOp::Sum,
         timeout: Duration::from_secs(10),
         wait: WaitPolicy::for_ranks(1),
-        aborted: Arc::new(AtomicBool::new(false)),
-        progress: None,
+        flags: Default::default(),
     }
 }
 

@@ -7,8 +7,6 @@
 //! Generic over the adapter so it runs here on a software one (the tests); over
 //! real hardware it is `RdmaChannel<verbs::VerbsNic>` (feature `rdma`).
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::nic::{Completion, Nic, Sge};
@@ -217,8 +215,7 @@ impl<N: Nic> RdmaChannel<N> {
             reduce_op: ReduceOp::Sum,
             timeout: give_up.saturating_duration_since(Instant::now()),
             wait: WaitPolicy::for_ranks(1),
-            aborted: Arc::new(AtomicBool::new(false)),
-            progress: None,
+            flags: Default::default(),
         }
     }
 

@@ -7,8 +7,6 @@
 //! side may progress at any time). Nothing is lost.
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::protocol::{imm, Action, Protocol, RingSpec, WriteData};
@@ -33,8 +31,7 @@ fn call(rank: usize, count: u64) -> CallInfo {
         reduce_op: ReduceOp::Sum,
         timeout: Duration::from_secs(10),
         wait: WaitPolicy::for_ranks(1),
-        aborted: Arc::new(AtomicBool::new(false)),
-        progress: None,
+        flags: Default::default(),
     }
 }
 

@@ -129,8 +129,7 @@ fn call_info(rank: usize) -> crate::executor::CallInfo {
         reduce_op: ReduceOp::Sum,
         timeout: Duration::from_secs(5),
         wait: WaitPolicy::for_ranks(2),
-        aborted: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        progress: None,
+        flags: Default::default(),
     }
 }
 
