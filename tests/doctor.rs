@@ -7,13 +7,13 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use braid::bootstrap::TcpStoreServer;
 use braid::JobKey;
-use common::bounded::{run_bounded, spawn_group, wait_bounded, without_braid_env};
+use common::bounded::{run_bounded, spawn_group, wait_bounded, without_braid_env, Ranks};
 use common::hosts::die_with_parent;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
@@ -25,18 +25,6 @@ const CULPRIT: usize = 2;
 /// others' failure after the culprit misbehaves (`BRAID_TIMEOUT` is 2 s).
 const START_BOUND: Duration = Duration::from_secs(60);
 const FAIL_BOUND: Duration = Duration::from_secs(40);
-
-/// Kills the rank processes still running however the test ends.
-struct Ranks(Vec<Option<Child>>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for c in self.0.iter_mut().flatten() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// A fresh trace directory for one case, removed when the case passes.
 struct TraceDir(PathBuf);

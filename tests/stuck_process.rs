@@ -6,13 +6,13 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use braid::bootstrap::TcpStoreServer;
 use braid::JobKey;
-use common::bounded::{spawn_group, wait_bounded};
+use common::bounded::{spawn_group, wait_bounded, Ranks};
 use common::hosts::die_with_parent;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
@@ -24,19 +24,6 @@ const START_BOUND: Duration = Duration::from_secs(60);
 /// Hang bound once the rank is stopped: `BRAID_TIMEOUT` (2 s), the asking window
 /// and a loaded machine's slack. Not a speed target.
 const FAIL_BOUND: Duration = Duration::from_secs(30);
-
-/// Kills the rank processes still running however the test ends (a stopped process
-/// dies of SIGKILL too).
-struct Ranks(Vec<Option<Child>>);
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for c in self.0.iter_mut().flatten() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// Whether every "did not answer" in `text` is said of rank `r` (at the end of a
 /// chain, "..., which waits for rank r, which did not answer", or directly), and

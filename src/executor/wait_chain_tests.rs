@@ -2,7 +2,6 @@
 //! channel, with a raw link on the other end sending what a broken or hostile peer
 //! might.
 
-
 use super::*;
 use crate::error::OpContext;
 use crate::executor::channel::PeerChannel;

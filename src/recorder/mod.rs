@@ -260,7 +260,12 @@ pub struct FlightRecorder {
 impl FlightRecorder {
     /// A recorder of the last `calls` calls (at most [`MAX_CALLS`]; None for 0),
     /// writing its record into `dir` on failure, abort and signals.
-    pub(crate) fn new(who: Identity, calls: usize, dir: Option<PathBuf>, flags: Arc<CallFlags>) -> Option<FlightRecorder> {
+    pub(crate) fn new(
+        who: Identity,
+        calls: usize,
+        dir: Option<PathBuf>,
+        flags: Arc<CallFlags>,
+    ) -> Option<FlightRecorder> {
         if calls == 0 {
             return None;
         }

@@ -194,4 +194,3 @@ fn a_dump_replaces_the_file_whole() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(leftovers, 1, "nothing but the record is left");
 }
-

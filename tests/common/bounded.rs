@@ -125,3 +125,16 @@ pub fn require(program: &str, install: &str) -> bool {
         find_program(program).is_none().then(|| format!("`{program}` is not installed (apt-get install {install})")),
     )
 }
+
+/// Rank processes of one job, killed (and reaped) however the test ends: a
+/// stopped process dies of SIGKILL too.
+pub struct Ranks(pub Vec<Option<std::process::Child>>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in self.0.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
