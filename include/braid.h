@@ -557,6 +557,20 @@ enum braid_result braid_comm_destroy(struct braid_comm *comm);
 enum braid_result braid_comm_abort(struct braid_comm *comm);
 
 /**
+ * Write this rank's flight record of `comm` (its last calls, where each got to and
+ * how each failed, as JSON; `braid doctor DIR` reads the records of all ranks) into
+ * the directory `dir`, or into `BRAID_TRACE_DIR` when `dir` is NULL, as
+ * `braid-<comm>-e<epoch>-rank<r>.json`. Safe from any thread, also while a call
+ * on `comm` hangs. `BRAID_ERR_UNSUPPORTED` when the recorder is off
+ * (`BRAID_TRACE_BUFFER=0`), `BRAID_ERR_INVALID_ARGUMENT` when there is no
+ * directory to write to.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `dir` is NULL or a NUL-terminated string.
+ */
+enum braid_result braid_comm_dump_trace(const struct braid_comm *comm, const char *dir);
+
+/**
  * This process's rank in `comm`, `0..size`, into `*rank`.
  *
  * # Safety

@@ -230,6 +230,33 @@ pub unsafe extern "C" fn braid_comm_abort(comm: *mut braid_comm) -> braid_result
     })
 }
 
+/// Write this rank's flight record of `comm` (its last calls, where each got to and
+/// how each failed, as JSON; `braid doctor DIR` reads the records of all ranks) into
+/// the directory `dir`, or into `BRAID_TRACE_DIR` when `dir` is NULL, as
+/// `braid-<comm>-e<epoch>-rank<r>.json`. Safe from any thread, also while a call
+/// on `comm` hangs. `BRAID_ERR_UNSUPPORTED` when the recorder is off
+/// (`BRAID_TRACE_BUFFER=0`), `BRAID_ERR_INVALID_ARGUMENT` when there is no
+/// directory to write to.
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `dir` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_dump_trace(comm: *const braid_comm, dir: *const c_char) -> braid_result {
+    entry_keeping_error("braid_comm_dump_trace", || {
+        // SAFETY: the caller's promise.
+        let c = unsafe { comm_ref(comm)? };
+        let dir = if dir.is_null() {
+            None
+        } else {
+            // SAFETY: not null, and NUL-terminated (the caller's promise).
+            let text = unsafe { CStr::from_ptr(dir) }.to_str().map_err(|_| Fail::invalid("dir is not UTF-8"))?;
+            Some(std::path::PathBuf::from(text))
+        };
+        c.dump_flight_record(dir.as_deref())?;
+        Ok(BRAID_SUCCESS)
+    })
+}
+
 /// This process's rank in `comm`, `0..size`, into `*rank`.
 ///
 /// # Safety
@@ -301,6 +328,30 @@ mod tests {
         // SAFETY: NULL is refused.
         assert_ne!(unsafe { braid_comm_abort(std::ptr::null_mut()) }, BRAID_SUCCESS);
         assert!(last_error().starts_with("braid_comm_abort"), "{}", last_error());
+        // SAFETY: `h` came from `handle` and is not used again.
+        drop(unsafe { Box::from_raw(h) });
+    }
+
+    #[test]
+    fn a_flight_record_is_written_where_asked() {
+        let comm = Communicator::in_process_with(Config::new(0, 1)).unwrap().pop().unwrap();
+        let mut one = [1.0f32];
+        comm.all_reduce_in_place(&mut one, braid::ReduceOp::Sum).unwrap();
+        let id = comm.id();
+        let h = handle(comm);
+        let dir = std::env::temp_dir().join(format!("braid-ffi-trace-{}", std::process::id()));
+        let c_dir = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+        // SAFETY: `h` is a live handle, `c_dir` a NUL-terminated string.
+        assert_eq!(unsafe { braid_comm_dump_trace(h, c_dir.as_ptr()) }, BRAID_SUCCESS, "{}", last_error());
+        let text = std::fs::read_to_string(dir.join(format!("braid-{id:08x}-e0-rank0.json"))).unwrap();
+        assert!(text.contains("\"op\":\"all-reduce\"") && text.contains("\"state\":\"done\""), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Without a directory (none given, and this test sets no BRAID_TRACE_DIR), an error says so.
+        // SAFETY: as above; NULL asks for BRAID_TRACE_DIR.
+        assert_ne!(unsafe { braid_comm_dump_trace(h, std::ptr::null()) }, BRAID_SUCCESS);
+        assert!(last_error().contains("BRAID_TRACE_DIR"), "{}", last_error());
+        // SAFETY: NULL is refused.
+        assert_ne!(unsafe { braid_comm_dump_trace(std::ptr::null(), std::ptr::null()) }, BRAID_SUCCESS);
         // SAFETY: `h` came from `handle` and is not used again.
         drop(unsafe { Box::from_raw(h) });
     }
