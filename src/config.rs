@@ -30,6 +30,7 @@
 //! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each, round robin when they outnumber the cores), `core`, `none` |
 //! | `BRAID_TRACE_BUFFER` | calls each communicator's flight recorder keeps (default 2000; `0`: off), see [`crate::recorder`] |
 //! | `BRAID_TRACE_DIR` | where each rank writes its flight record (JSON) when a call fails, on abort, on SIGUSR1 and on SIGTERM (default: nowhere; [`crate::Communicator::flight_record`] still answers) |
+//! | `BRAID_TIMELINE` | write every call (and its rounds) as Chrome trace events, one file per rank named after this one (see [`crate::recorder::timeline`]); `braid timeline` draws them |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
@@ -99,6 +100,9 @@ pub struct Config {
     /// Where flight records are written when a call fails, on abort and on
     /// SIGUSR1/SIGTERM (`BRAID_TRACE_DIR`; None: not written, only returned on demand).
     pub trace_dir: Option<std::path::PathBuf>,
+    /// Where the timeline goes (`BRAID_TIMELINE`; None: no timeline), one file per
+    /// rank and communicator named after it ([`crate::recorder::timeline`]).
+    pub timeline: Option<std::path::PathBuf>,
     /// Allowed transports, None for all.
     pub transports: Option<Vec<TransportKind>>,
     /// TCP interface filter in NCCL syntax.
@@ -145,6 +149,7 @@ impl Config {
             cache_dir: None,
             trace_buffer: crate::recorder::DEFAULT_CALLS,
             trace_dir: None,
+            timeline: None,
             transports: None,
             socket_ifname: None,
             socket_family: None,
@@ -266,6 +271,7 @@ impl Config {
             })?;
         }
         cfg.trace_dir = get("BRAID_TRACE_DIR").filter(|s| !s.is_empty()).map(std::path::PathBuf::from);
+        cfg.timeline = get("BRAID_TIMELINE").filter(|s| !s.is_empty()).map(std::path::PathBuf::from);
         if let Some(t) = get("BRAID_TRANSPORTS") {
             let list = t
                 .split(',')

@@ -38,6 +38,8 @@ pub(crate) struct Engine {
     pub(super) coll_seq: u64,
     /// The last calls, for a record after a failure (None: `BRAID_TRACE_BUFFER=0`).
     pub(super) recorder: Option<Arc<crate::recorder::FlightRecorder>>,
+    /// Every call as trace events (None: no `BRAID_TIMELINE`).
+    pub(super) timeline: Option<crate::recorder::timeline::Timeline>,
     pub(super) p2p_sent: Vec<u64>,
     pub(super) p2p_received: Vec<u64>,
     pub(super) timeout: Duration,
@@ -93,6 +95,10 @@ impl Engine {
             epoch: 0,
             coll_seq: 0,
             recorder: new_recorder(rank, world, comm_id, cfg, &aborted),
+            timeline: cfg.timeline.as_deref().map(|file| {
+                aborted.time_rounds();
+                crate::recorder::timeline::Timeline::new(file, comm_id, rank)
+            }),
             p2p_sent: vec![0; world],
             p2p_received: vec![0; world],
             timeout: cfg.timeout,
@@ -227,7 +233,15 @@ impl Engine {
     ) -> Result<()> {
         let recorded = self.recorder.as_ref().map(|r| r.begin(seqs.0, &sig, schedule.rounds.len()));
         let was_broken = self.broken.is_some();
+        let started = self.timeline.as_ref().map(|_| {
+            self.aborted.take_marks();
+            Instant::now()
+        });
         let result = self.run_recorded(sig, schedule, bufs, seqs);
+        if let (Some(t), Some(start)) = (&mut self.timeline, started) {
+            let bytes = sig.count.saturating_mul(sig.dtype.size() as u64);
+            t.call(&sig, seqs.0, bytes, result.is_ok(), (start, Instant::now()), &self.aborted.take_marks());
+        }
         if let (Some(r), Some(index)) = (&self.recorder, recorded) {
             r.end(index, result.as_ref().map(|_| ()));
             // The failure that broke the communicator writes the record; the calls

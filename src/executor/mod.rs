@@ -206,6 +206,10 @@ pub struct CallFlags {
     waiting: std::sync::Mutex<Vec<usize>>,
     /// Whether `waiting` holds anything (so a call that never waited takes no lock).
     waited: AtomicBool,
+    /// Whether rounds are timed for the timeline (`BRAID_TIMELINE`), and their
+    /// start times while they are.
+    marking: AtomicBool,
+    marks: std::sync::Mutex<Vec<(u32, Instant)>>,
 }
 
 impl std::ops::Deref for CallFlags {
@@ -220,6 +224,19 @@ impl CallFlags {
     #[inline]
     pub fn set_round(&self, k: usize) {
         self.round.store(k as u32, Ordering::Relaxed);
+        if self.marking.load(Ordering::Relaxed) {
+            if let Ok(mut m) = self.marks.lock() {
+                m.push((k as u32, Instant::now()));
+            }
+        }
+    }
+    /// Time every round from now on (the timeline is on).
+    pub(crate) fn time_rounds(&self) {
+        self.marking.store(true, Ordering::Relaxed);
+    }
+    /// The rounds timed since the last call of this, with their start times.
+    pub(crate) fn take_marks(&self) -> Vec<(u32, Instant)> {
+        self.marks.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default()
     }
     /// The current call went idle waiting on `peers`.
     pub fn set_waiting(&self, peers: &[usize]) {

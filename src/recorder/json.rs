@@ -67,6 +67,16 @@ impl Value for usize {
     }
 }
 
+impl Value for f64 {
+    fn write(&self, out: &mut String) {
+        if self.is_finite() {
+            let _ = write!(out, "{self:.3}");
+        } else {
+            out.push_str("null");
+        }
+    }
+}
+
 impl Value for &str {
     fn write(&self, out: &mut String) {
         string(self, out);

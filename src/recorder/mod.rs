@@ -21,6 +21,7 @@ mod json;
 pub mod signals;
 #[cfg(test)]
 mod tests;
+pub mod timeline;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;

@@ -124,6 +124,11 @@ pub struct Mirrored {
     replicas: Vec<SyncReplica>,
 }
 
+/// The replicas' timeline file, read like the fusion settings (`BRAID_TIMELINE`).
+fn timeline_from_env() -> Option<std::path::PathBuf> {
+    std::env::var_os("BRAID_TIMELINE").filter(|f| !f.is_empty()).map(std::path::PathBuf::from)
+}
+
 impl Mirrored {
     /// `replicas` copies of `vars`, combining gradients with `how`; fusion
     /// settings from the environment (`BRAID_FUSION_BYTES`, `BRAID_FUSION_CYCLE`).
@@ -132,11 +137,16 @@ impl Mirrored {
         let comms = match how {
             CrossReplica::Hierarchical => {
                 let mut cfg = Config::new(0, n);
+                cfg.timeline = timeline_from_env();
                 cfg.algorithms = AlgoPolicy::only(Algorithm::Hierarchical);
                 let groups: Vec<usize> = (0..n).map(|r| r * 2 / n).collect();
                 Communicator::in_process_on_hosts(cfg, &groups)?
             }
-            _ => Communicator::in_process(n)?,
+            _ => {
+                let mut cfg = Config::new(0, n);
+                cfg.timeline = timeline_from_env();
+                Communicator::in_process_with(cfg)?
+            }
         };
         let fusion = FusionConfig::from_env()?;
         let mut slots: Vec<Option<Communicator>> = comms.into_iter().map(Some).collect();

@@ -11,6 +11,7 @@ mod perf_ceiling;
 mod perf_check;
 mod perf_device;
 mod plot;
+mod timeline;
 
 use clap::{Parser, Subcommand};
 
@@ -55,6 +56,10 @@ enum Command {
     /// Under a launcher with `BRAID_TRACE_DIR` set, then `braid doctor` on it.
     /// Example: `BRAID_TRACE_DIR=/tmp/t braid run -n 4 -- braid drill --calls all-reduce,broadcast --repeat 3 --skip 2:3`.
     Drill(drill::DrillArgs),
+    /// Draw the ranks' timelines (`BRAID_TIMELINE` files) as one SVG picture.
+    ///
+    /// Example: `braid timeline /tmp/tl -o tl.svg --merge all.json`.
+    Timeline(timeline::TimelineArgs),
 }
 
 fn main() {
@@ -72,6 +77,7 @@ fn main() {
         Command::Simulate(args) => explain::simulate(args),
         Command::Doctor(args) => doctor::main(args),
         Command::Drill(args) => drill::run(args),
+        Command::Timeline(args) => timeline::main(args),
     };
     std::process::exit(code);
 }
