@@ -256,21 +256,36 @@ run() {
     echo "Copy ceiling: $ceil_line"
     echo
     if [ -s "$bw_rows" ]; then
-      echo "Bus bandwidth against the copy ceiling (busbw / copy rate):"
+      echo "Bus bandwidth against the copy ceiling (busbw / copy rate) and against the memory-traffic"
+      echo "bound (its time over the measured time): ranks sharing one GPU share its memory, so a"
+      echo "collective takes at least the bytes it must read and write over the GPU's read-plus-write"
+      echo "rate. all-reduce reads every input and writes every output (2nS of n ranks of S bytes),"
+      echo "reduce-scatter and reduce read every input and write the results ((n+1)S, S input),"
+      echo "all-gather reads every block once and writes every output ((n+1)S, S output), broadcast"
+      echo "reads the root's buffer and writes the others (nS). Against the copy rate C that caps"
+      echo "all-reduce busbw at 2(n-1)C/n^2: 50% of C at 2 ranks, 37.5% at 4, 22% at 8."
       echo
       python3 - "$bw_rows" "$out/ceiling.json" <<'PY' || echo "(no python3 for the ratio table)"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 try:
-    ceil = json.load(open(sys.argv[2])).get("copy_GBps")
+    ceil = json.load(open(sys.argv[2]))
 except Exception:
-    ceil = None
-print("| op | ranks | mode | size | algo | busbw GB/s | of copy ceiling | wrong |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    ceil = {}
+copy, rw = ceil.get("copy_GBps"), ceil.get("rw_GBps")
+# Bytes the collective must at least read plus write, in units of the size S.
+traffic = {"all-reduce": lambda n: 2 * n, "reduce-scatter": lambda n: n + 1, "reduce": lambda n: n + 1,
+           "all-gather": lambda n: n + 1, "broadcast": lambda n: n}
+print("| op | ranks | mode | size | algo | busbw GB/s | of copy ceiling | of traffic bound | wrong |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:
-    ratio = f"{r['busbw_gbps'] / ceil:.1%}" if ceil else "n/a"
+    ratio = f"{r['busbw_gbps'] / copy:.1%}" if copy else "n/a"
+    t = traffic.get(r["op"])
+    bound = "n/a"
+    if rw and t and r.get("time_us"):
+        bound = f"{t(r['ranks']) * r['bytes'] / (rw * 1e3) / r['time_us']:.1%}"
     print(f"| {r['op']} | {r['ranks']} | {r['mode']} | {r['bytes'] >> 20} MiB | {r['algo']} | "
-          f"{r['busbw_gbps']:.1f} | {ratio} | {r.get('wrong')} |")
+          f"{r['busbw_gbps']:.1f} | {ratio} | {bound} | {r.get('wrong')} |")
 PY
       echo
     fi

@@ -684,3 +684,50 @@ fn an_exporters_call_returns_only_after_its_peer_closed_the_mappings() {
         }
     });
 }
+
+/// The algorithm of the latest call in `c`'s flight record.
+fn last_algorithm(c: &Communicator) -> String {
+    let v: serde_json::Value = serde_json::from_str(&c.flight_record().expect("recorder on")).unwrap();
+    let calls = v["calls"].as_array().expect("calls");
+    calls.last().expect("a call")["algorithm"].as_str().unwrap_or("none").to_string()
+}
+
+/// Between single-copy peers a round costs a GPU a switch of streams or of
+/// contexts, whatever its bytes (25 and 301 us on an H200), so device calls are
+/// priced on the device's links: a 16 MiB all-reduce takes a schedule of few
+/// rounds, not the tree's 512 KiB segments, which host buffers of the same call
+/// still take. The ranks agree, since both price the same way.
+#[test]
+fn device_calls_between_single_copy_peers_are_priced_by_their_rounds() {
+    const COUNT: usize = 4 << 20;
+    let s = sims(2, false, "priced");
+    let for_ranks = s.clone();
+    on_ranks(bound_inproc(as_devices(&s)), move |c| {
+        let dev: Arc<dyn Device> = for_ranks[c.rank()].clone();
+        let mut host = vec![c.rank() as i32 + 1; COUNT];
+        c.all_reduce_in_place(&mut host, ReduceOp::Sum).unwrap();
+        assert_eq!(last_algorithm(c), "tree", "host buffers keep the host's pick");
+        let mut b = upload(&dev, &vec![c.rank() as i32 + 1; COUNT]);
+        c.all_reduce_device_in_place(&mut b, DType::I32, ReduceOp::Sum).unwrap();
+        check("all-reduce", &download(&b), |_| 3);
+        let algo = last_algorithm(c);
+        let plan = |a: &str| {
+            let a: Algorithm = a.parse().unwrap();
+            braid::algorithm::plan(&braid::algorithm::PlanRequest {
+                op: braid::OpKind::AllReduce,
+                rank: c.rank(),
+                world: 2,
+                count: COUNT,
+                elem_size: 4,
+                root: 0,
+                algorithm: Some(a),
+                hosts: &[0, 0],
+                blocks: None,
+            })
+            .unwrap()
+            .rounds
+            .len()
+        };
+        assert!(plan(&algo) <= 4, "{algo}: {} rounds on device buffers", plan(&algo));
+    });
+}

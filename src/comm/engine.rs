@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{self, Algorithm, BufId, PlanRequest, Region, Round, Schedule, Step};
-use crate::device::{Device, DeviceBuffer, DevicePtr};
+use crate::device::{Device, DeviceBuffer, DevicePtr, PeerProcess};
 use crate::error::{Error, OpContext, Result};
 use crate::executor::{self, Buffers, CallInfo, MemKind, PeerChannel, WaitPolicy};
 use crate::frame::FrameKind;
@@ -19,9 +19,20 @@ use crate::tuner::{AlgoPolicy, Call, LinkClass, LinkPair, Tuner};
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
 /// What a cached schedule depends on besides the communicator's policy (a new
-/// policy empties the caches): op, count, element size, root.
-/// Op, count, element size, root, and whether the signature is agreed in its rounds.
-type PlanKey = (OpKind, usize, usize, usize, bool);
+/// policy empties the caches): op, count, element size, root, whether the
+/// signature is agreed in its rounds, and the links it is priced on.
+type PlanKey = (OpKind, usize, usize, usize, bool, Pricing);
+
+/// Which links a call's plan is priced on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Pricing {
+    /// The communicator's links (host buffers, or device buffers some peer stages).
+    Links,
+    /// Device buffers every peer copies single-copy, all threads of this process.
+    DeviceThreads,
+    /// Likewise, with a peer in another process.
+    DeviceProcesses,
+}
 /// How many of the latest plans are compared before the hash map is asked. A
 /// training step repeats a few calls (each bucket's all-reduce, a barrier); hashing
 /// a key with the map's SipHash cost more than the whole executor of a 4 KiB
@@ -162,8 +173,8 @@ impl Engine {
 
     /// The plan of `sig` (cached); with `agreed`, with the signature agreed in its
     /// rounds ([`algorithm::with_agreement`]).
-    pub(super) fn schedule(&mut self, sig: &CallSig, agreed: bool) -> Result<Arc<Schedule>> {
-        let key = (sig.op, sig.count as usize, sig.dtype.size(), sig.root as usize, agreed);
+    pub(super) fn schedule(&mut self, sig: &CallSig, agreed: bool, pricing: Pricing) -> Result<Arc<Schedule>> {
+        let key = (sig.op, sig.count as usize, sig.dtype.size(), sig.root as usize, agreed, pricing);
         // Training loops repeat a few calls: check the latest plans before hashing.
         if let Some(i) = self.recent_plans.iter().position(|e| e.as_ref().is_some_and(|(k, _)| *k == key)) {
             self.recent_to_front(i);
@@ -182,8 +193,13 @@ impl Engine {
                     hosts: &self.hosts,
                     busy: &self.busy_hosts,
                 };
-                let algo =
-                    self.tuner.pick(&call).map_err(|e| Error::InvalidArgument(format!("choosing for {sig}: {e}")))?;
+                let device_tuner = match pricing {
+                    Pricing::Links => None,
+                    Pricing::DeviceThreads => Some(self.tuner.for_device(false)),
+                    Pricing::DeviceProcesses => Some(self.tuner.for_device(true)),
+                };
+                let tuner = device_tuner.as_ref().unwrap_or(&self.tuner);
+                let algo = tuner.pick(&call).map_err(|e| Error::InvalidArgument(format!("choosing for {sig}: {e}")))?;
                 let req = PlanRequest {
                     op: key.0,
                     rank: self.rank,
@@ -195,7 +211,7 @@ impl Engine {
                     hosts: &self.hosts,
                     blocks: None,
                 };
-                let mut plan = algorithm::plan_with(&req, &self.tuner.params)
+                let mut plan = algorithm::plan_with(&req, &tuner.params)
                     .map_err(|e| Error::InvalidArgument(format!("planning {sig}: {e}")))?;
                 if agreed {
                     plan = algorithm::with_agreement(&plan, self.rank, self.world);
@@ -212,6 +228,22 @@ impl Engine {
         self.recent_to_front(RECENT_PLANS - 1);
         self.recent_plans[0] = Some((key, s.clone()));
         Ok(s)
+    }
+
+    /// The links a call on buffers that reach the peers as `peer_copy` says (None:
+    /// host buffers, or staged) is priced on: a device's own when every peer copies
+    /// single-copy (see [`Tuner::for_device`]).
+    pub(super) fn pricing(&self, peer_copy: Option<&[Option<PeerProcess>]>) -> Pricing {
+        let Some(peers) = peer_copy else { return Pricing::Links };
+        let others = || (0..self.world).filter(|&p| p != self.rank);
+        if self.world < 2 || others().any(|p| peers.get(p).is_none_or(|x| x.is_none())) {
+            return Pricing::Links;
+        }
+        if others().any(|p| peers[p] == Some(PeerProcess::Other)) {
+            Pricing::DeviceProcesses
+        } else {
+            Pricing::DeviceThreads
+        }
     }
 
     /// Move recent entry `i` to the front, the ones before it one place back.
@@ -364,7 +396,8 @@ impl Engine {
         if self.world < 2 {
             return Ok(());
         }
-        let exchange = self.schedule(&CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), false)?;
+        let exchange =
+            self.schedule(&CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), false, Pricing::Links)?;
         // Empty regions of a dangling (not null) pointer, as an empty slice has.
         let empty = std::ptr::NonNull::<u8>::dangling().as_ptr();
         let mut nothing = Buffers {
@@ -397,7 +430,7 @@ impl Engine {
         // Rooted calls agree on their signature: on host buffers in the data's own
         // rounds, on device buffers (whose channels move device memory) before them.
         let check = self.agrees(&sig);
-        let schedule = self.schedule(&sig, check && device.is_none())?;
+        let schedule = self.schedule(&sig, check && device.is_none(), self.pricing(peer_copy.as_deref()))?;
         let sig = sig.with_algorithm(schedule.algorithm).reproducible(self.tuner.params.deterministic);
         if check && device.is_some() {
             self.agree_on_call(sig, seq)?;
@@ -626,14 +659,14 @@ mod tests {
     fn recent_plans_serve_each_key_its_own_plan() {
         let mut e = engine();
         let sigs: Vec<CallSig> = (1..=RECENT_PLANS as u64 + 3).map(|i| all_reduce(i * 1000)).collect();
-        let first: Vec<Arc<Schedule>> = sigs.iter().map(|s| e.schedule(s, false).unwrap()).collect();
+        let first: Vec<Arc<Schedule>> = sigs.iter().map(|s| e.schedule(s, false, Pricing::Links).unwrap()).collect();
         for (s, f) in sigs.iter().zip(&first) {
             assert_eq!(**f, fresh_plan(&e, s));
         }
         // Two keys alternating (an all-reduce and a barrier-sized call), then all of them backwards.
         let order = [0, 1, 0, 1, 0].into_iter().chain((0..sigs.len()).rev()).chain([2, 2, 0]);
         for i in order {
-            let got = e.schedule(&sigs[i], false).unwrap();
+            let got = e.schedule(&sigs[i], false, Pricing::Links).unwrap();
             assert!(Arc::ptr_eq(&got, &first[i]), "call {i} got another key's plan or was planned again");
         }
         let keys: Vec<usize> = e.recent_plans.iter().map(|p| p.as_ref().unwrap().0 .1).collect();

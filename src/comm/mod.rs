@@ -390,7 +390,18 @@ impl Communicator {
     pub fn plan(&self, sig: &CallSig) -> Result<Arc<Schedule>> {
         let mut engine = self.core.shared.lock_engine();
         let agreed = engine.agrees(sig);
-        engine.schedule(sig, agreed)
+        engine.schedule(sig, agreed, engine::Pricing::Links)
+    }
+
+    /// The schedule this rank would run for `sig` on buffers of `device`, without
+    /// running it: between peers that all copy single-copy, one priced on the
+    /// device's links (see [`crate::tuner::Tuner::for_device`]).
+    pub fn plan_device(&self, sig: &CallSig, device: &Arc<dyn crate::device::Device>) -> Result<Arc<Schedule>> {
+        let mut engine = self.core.shared.lock_engine();
+        let peer_copy = engine.peer_copy_for(Some(device))?;
+        let pricing = engine.pricing(peer_copy.as_deref());
+        // Device calls agree on a rooted signature before their rounds, not in them.
+        engine.schedule(sig, false, pricing)
     }
 
     /// The tuner's view of this communicator: its policy, cost model and link

@@ -228,6 +228,54 @@ impl Tuner {
     }
 }
 
+/// What one round of single-copy device transfers costs on its own, whatever its
+/// bytes, between ranks that share one GPU. Every round the ranks' GPU work
+/// alternates: between threads of one process that is a switch of streams (a
+/// two-hop ping-pong of 512 KiB copies took 25 us on an H200), between processes
+/// it is a switch of CUDA contexts, which the GPU time-slices (301 us on the same
+/// H200, 2026-11-27, `scripts/gpu-probe.cu`). The tree's many 512 KiB rounds paid
+/// it every time: 3.4 GB/s at 256 MiB between two processes, where the ring's two
+/// rounds reached 242.
+pub const DEVICE_ROUND_SECONDS: [f64; 2] = [25e-6, 300e-6];
+/// Segment of the pipelined schedules (chain, tree) on device buffers: their rounds
+/// cost what [`DEVICE_ROUND_SECONDS`] says, so fewer and longer ones.
+pub const DEVICE_SEGMENT_BYTES: usize = 8 << 20;
+/// Bytes per second one GPU's memory moves for ranks that share it (an H200
+/// copies about 2 TB/s; half of that is what its busiest collectives reached).
+const DEVICE_BYTES_PER_SECOND: f64 = 1e12;
+
+impl Tuner {
+    /// The tuner for calls on device buffers where every peer's device maps this
+    /// rank's memory (`processes`: some peer is another process). Every rank of
+    /// such a communicator takes the same one for the same call, since a call on
+    /// device buffers with one rank and host buffers with another is refused: the
+    /// ranks agree on the plan. Its links are [`LinkClass::Cuda`], whose rounds
+    /// cost [`DEVICE_ROUND_SECONDS`], and its segments are [`DEVICE_SEGMENT_BYTES`];
+    /// the policy and reproducible mode are this tuner's.
+    pub fn for_device(&self, processes: bool) -> Tuner {
+        let mut model = CostModel::default();
+        let per_byte = 1.0 / DEVICE_BYTES_PER_SECOND;
+        model.set(
+            LinkClass::Cuda,
+            LinkCost {
+                alpha: DEVICE_ROUND_SECONDS[processes as usize],
+                beta: per_byte,
+                gamma: per_byte,
+                duplex: false,
+                per_host: false,
+                far: 1.0,
+            },
+        );
+        Tuner {
+            policy: self.policy.clone(),
+            model,
+            links: LinkPair::new(LinkClass::Cuda, LinkClass::Cuda),
+            source: ProbeSource::Builtin,
+            params: PlanParams { chain_segment_bytes: DEVICE_SEGMENT_BYTES, ..self.params },
+        }
+    }
+}
+
 /// The order in which [`choose`] breaks ties among `allowed` (given in
 /// [`algorithm::algorithms_for`]'s order). That order was measured over shared
 /// memory on one host, where the tree's and halving-doubling's segments stay in

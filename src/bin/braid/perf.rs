@@ -758,7 +758,12 @@ fn measure(
                 let picked = if a.op == OpKind::Send {
                     "p2p"
                 } else {
-                    comm.plan(&c.sig).map(|s| s.algorithm.name()).unwrap_or("?")
+                    match c.dev.as_ref().map(|d| d.output.device()) {
+                        Some(d) => comm.plan_device(&c.sig, d),
+                        None => comm.plan(&c.sig),
+                    }
+                    .map(|s| s.algorithm.name())
+                    .unwrap_or("?")
                 };
                 let label = if rotating && forced.is_none() { format!("auto:{picked}") } else { picked.to_string() };
                 rows.push((label, Vec::with_capacity(iters), None));
