@@ -31,6 +31,8 @@
 //! | `BRAID_TRACE_BUFFER` | calls each communicator's flight recorder keeps (default 2000; `0`: off), see [`crate::recorder`] |
 //! | `BRAID_TRACE_DIR` | where each rank writes its flight record (JSON) when a call fails, on abort, on SIGUSR1 and on SIGTERM (default: nowhere; [`crate::Communicator::flight_record`] still answers) |
 //! | `BRAID_TIMELINE` | write every call (and its rounds) as Chrome trace events, one file per rank named after this one (see [`crate::recorder::timeline`]); `braid timeline` draws them |
+//! | `BRAID_METRICS` | `1`: count calls, bytes, time and bus bandwidth per op and failures by kind ([`crate::Communicator::stats`]; default off) |
+//! | `BRAID_METRICS_ADDR` | `HOST:PORT`: turn the metrics on and serve them to Prometheus at `http://HOST:PORT+L/metrics`, L the process's first communicator's local rank (see [`crate::recorder::exporter`]) |
 //! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
 //! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
 //!
@@ -103,6 +105,12 @@ pub struct Config {
     /// Where the timeline goes (`BRAID_TIMELINE`; None: no timeline), one file per
     /// rank and communicator named after it ([`crate::recorder::timeline`]).
     pub timeline: Option<std::path::PathBuf>,
+    /// Count calls per op ([`crate::Communicator::stats`]; `BRAID_METRICS`, or set
+    /// by `BRAID_METRICS_ADDR`).
+    pub metrics: bool,
+    /// Serve the counts to Prometheus here (`BRAID_METRICS_ADDR`, `HOST:PORT`, the
+    /// port offset by the local rank; see [`crate::recorder::exporter`]).
+    pub metrics_addr: Option<String>,
     /// Allowed transports, None for all.
     pub transports: Option<Vec<TransportKind>>,
     /// TCP interface filter in NCCL syntax.
@@ -150,6 +158,8 @@ impl Config {
             trace_buffer: crate::recorder::DEFAULT_CALLS,
             trace_dir: None,
             timeline: None,
+            metrics: false,
+            metrics_addr: None,
             transports: None,
             socket_ifname: None,
             socket_family: None,
@@ -272,6 +282,8 @@ impl Config {
         }
         cfg.trace_dir = get("BRAID_TRACE_DIR").filter(|s| !s.is_empty()).map(std::path::PathBuf::from);
         cfg.timeline = get("BRAID_TIMELINE").filter(|s| !s.is_empty()).map(std::path::PathBuf::from);
+        cfg.metrics_addr = get("BRAID_METRICS_ADDR").filter(|s| !s.trim().is_empty());
+        cfg.metrics = cfg.metrics_addr.is_some() || flag(&get, "BRAID_METRICS")?.unwrap_or(false);
         if let Some(t) = get("BRAID_TRANSPORTS") {
             let list = t
                 .split(',')

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use braid::bootstrap::TcpStoreServer;
 use braid::JobKey;
-use common::bounded::{run_bounded, spawn_group, wait_bounded, without_braid_env, Ranks};
+use common::bounded::{rank_command, run_bounded, spawn_group, wait_bounded, without_braid_env, Ranks};
 use common::hosts::die_with_parent;
 
 const BRAID: &str = env!("CARGO_BIN_EXE_braid");
@@ -44,18 +44,9 @@ fn start(transport: &str, dir: &Path, args: &[&str]) -> (Ranks, TcpStoreServer) 
     let store = format!("tcp://{}", server.local_addr());
     let ranks = (0..WORLD)
         .map(|rank| {
-            let mut cmd = Command::new(BRAID);
-            without_braid_env(&mut cmd)
-                .arg("drill")
-                .args(args)
-                .env("BRAID_RANK", rank.to_string())
-                .env("BRAID_WORLD_SIZE", WORLD.to_string())
-                .env("BRAID_STORE", &store)
-                .env("BRAID_JOB_KEY", KEY)
-                .env("BRAID_TIMEOUT", "2")
-                .env("BRAID_TUNER_PROBE", "0")
-                .env("BRAID_TRANSPORTS", transport)
-                .env("BRAID_TRACE_DIR", dir);
+            let args: Vec<&str> = ["drill"].into_iter().chain(args.iter().copied()).collect();
+            let mut cmd = rank_command(BRAID, &args, (rank, WORLD), &store, KEY);
+            cmd.env("BRAID_TIMEOUT", "2").env("BRAID_TRANSPORTS", transport).env("BRAID_TRACE_DIR", dir);
             Some(spawn_group(die_with_parent(&mut cmd)))
         })
         .collect();

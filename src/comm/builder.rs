@@ -440,6 +440,7 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     // is not oversubscribed when its peers have cores of their own.
     let wait = WaitPolicy::new(topo.local_size, topo.local_cpus, cfg.tuning.spin);
     let mut comm = Communicator::from_channels(cfg.rank, cfg.world_size, channels, comm_id, &cfg, wait);
+    comm.serve_metrics(&cfg)?;
     comm.core.shared.lock_engine().set_hosts(topo.host_of.clone(), topo.oversubscribed_hosts());
     if kinds.contains(&Some(TransportKind::Shm)) {
         comm.core.shared.set_stream_tuner(crate::transport::stream_copy::CallTuner::new(stream_switch));

@@ -51,6 +51,8 @@ pub(crate) struct Engine {
     pub(super) recorder: Option<Arc<crate::recorder::FlightRecorder>>,
     /// Every call as trace events (None: no `BRAID_TIMELINE`).
     pub(super) timeline: Option<crate::recorder::timeline::Timeline>,
+    /// Calls, bytes and times per op (None: metrics off).
+    pub(super) metrics: Option<Arc<crate::recorder::metrics::Metrics>>,
     pub(super) p2p_sent: Vec<u64>,
     pub(super) p2p_received: Vec<u64>,
     pub(super) timeout: Duration,
@@ -110,6 +112,7 @@ impl Engine {
                 aborted.time_rounds();
                 crate::recorder::timeline::Timeline::new(file, comm_id, rank)
             }),
+            metrics: cfg.metrics.then(|| Arc::new(crate::recorder::metrics::Metrics::new(comm_id, rank, world))),
             p2p_sent: vec![0; world],
             p2p_received: vec![0; world],
             timeout: cfg.timeout,
@@ -269,7 +272,11 @@ impl Engine {
             self.aborted.take_marks();
             Instant::now()
         });
+        let counted = self.metrics.as_ref().map(|_| Instant::now());
         let result = self.run_recorded(sig, schedule, bufs, seqs);
+        if let (Some(m), Some(t0)) = (&self.metrics, counted) {
+            m.record(&sig, t0.elapsed(), result.as_ref().err().map(crate::recorder::reason_of));
+        }
         if let (Some(t), Some(start)) = (&mut self.timeline, started) {
             let bytes = sig.count.saturating_mul(sig.dtype.size() as u64);
             t.call(&sig, seqs.0, bytes, result.is_ok(), (start, Instant::now()), &self.aborted.take_marks());

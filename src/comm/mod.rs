@@ -189,7 +189,7 @@ impl Communicator {
         let prefix = format!("inproc/{}", NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
         let group = Arc::new(InProcGroup::new(prefix, crate::auth::random_bytes::<16>(), cfg.clone()));
         let wait = WaitPolicy::for_ranks(world).with_spin(cfg.tuning.spin);
-        Ok(LoopbackLink::mesh(world)
+        LoopbackLink::mesh(world)
             .into_iter()
             .enumerate()
             .map(|(rank, row)| {
@@ -199,10 +199,11 @@ impl Communicator {
                     .map(|l| l.map(|l| crate::transport::fault::wrap(fault, rank, Box::new(l))))
                     .collect();
                 let mut comm = Communicator::from_links(rank, world, links, group.id(), &cfg, wait);
+                comm.serve_metrics(&cfg)?;
                 comm.origin = Origin::InProcess(group.clone());
-                comm
+                Ok(comm)
             })
-            .collect())
+            .collect()
     }
 
     /// Like [`Communicator::in_process_with`], with the ranks planned as if spread
@@ -316,6 +317,23 @@ impl Communicator {
     /// None when the recorder is off (`BRAID_TRACE_BUFFER=0`).
     pub fn flight_record(&self) -> Option<String> {
         self.core.shared.recorder.as_ref().map(|r| r.to_json("on demand"))
+    }
+
+    /// What this rank counted so far, per op: calls, failures, bytes, time and bus
+    /// bandwidth histograms, and failures by kind. None when metrics are off (they
+    /// are on with `BRAID_METRICS=1`, `BRAID_METRICS_ADDR` or [`Config::metrics`]).
+    /// Reads atomics: safe from any thread, also while a call runs.
+    pub fn stats(&self) -> Option<crate::recorder::metrics::Stats> {
+        self.core.shared.metrics.as_ref().map(|m| m.snapshot())
+    }
+
+    /// With `cfg.metrics_addr`, serve this communicator's counters to Prometheus
+    /// (see [`crate::recorder::exporter`]).
+    pub(crate) fn serve_metrics(&self, cfg: &Config) -> Result<()> {
+        if let (Some(addr), Some(m)) = (&cfg.metrics_addr, &self.core.shared.metrics) {
+            crate::recorder::exporter::register(addr, cfg.local_rank.unwrap_or(0), m)?;
+        }
+        Ok(())
     }
 
     /// Write this rank's flight record into `dir`, or else into `BRAID_TRACE_DIR`,

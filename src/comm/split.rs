@@ -80,6 +80,7 @@ impl InProcGroup {
         cfg.world_size = world;
         let wait = WaitPolicy::for_ranks(world).with_spin(cfg.tuning.spin);
         let mut comm = Communicator::from_links(rank, world, links, group.id(), &cfg, wait);
+        comm.serve_metrics(&cfg)?;
         comm.origin = Origin::InProcess(group);
         Ok(comm)
     }

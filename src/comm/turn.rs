@@ -31,6 +31,8 @@ pub(super) struct Shared {
     pub(super) aborted: Arc<crate::executor::CallFlags>,
     /// The engine's flight recorder, readable while a call holds the engine.
     pub(super) recorder: Option<Arc<crate::recorder::FlightRecorder>>,
+    /// The engine's counters, readable while a call holds the engine.
+    pub(super) metrics: Option<Arc<crate::recorder::metrics::Metrics>>,
 }
 
 /// Passes the turn on when dropped: after the call returns and while it unwinds.
@@ -65,6 +67,7 @@ impl Shared {
         Shared {
             rank: engine.rank,
             recorder: engine.recorder.clone(),
+            metrics: engine.metrics.clone(),
             engine: Mutex::new(engine),
             next_ticket: AtomicU64::new(0),
             serving: AtomicU64::new(0),

@@ -17,7 +17,9 @@
 //! when the communicator is aborted, on SIGUSR1 and on SIGTERM ([`signals`]), and
 //! returned by [`crate::Communicator::flight_record`] at any time.
 
+pub mod exporter;
 mod json;
+pub mod metrics;
 pub mod signals;
 #[cfg(test)]
 mod tests;

@@ -138,3 +138,17 @@ impl Drop for Ranks {
         }
     }
 }
+
+/// `program ARGS` as rank `rank` of `world` meeting at `store` with job key `key`,
+/// without the test's own `BRAID_*` variables and without the tuner's start-up probe.
+pub fn rank_command(program: &str, args: &[&str], (rank, world): (usize, usize), store: &str, key: &str) -> Command {
+    let mut cmd = Command::new(program);
+    without_braid_env(&mut cmd)
+        .args(args)
+        .env("BRAID_RANK", rank.to_string())
+        .env("BRAID_WORLD_SIZE", world.to_string())
+        .env("BRAID_STORE", store)
+        .env("BRAID_JOB_KEY", key)
+        .env("BRAID_TUNER_PROBE", "0");
+    cmd
+}

@@ -41,6 +41,10 @@ pub struct DrillArgs {
     /// How long a --hang lasts
     #[arg(long, default_value_t = 600)]
     pub hang_seconds: u64,
+    /// Seconds every rank stays after its calls, its communicator alive, for a
+    /// scraper (BRAID_METRICS_ADDR) or a person to look at it
+    #[arg(long, default_value_t = 0)]
+    pub linger: u64,
 }
 
 /// `RANK:CALL[:REST]` of a drill flag.
@@ -136,6 +140,10 @@ pub fn run(a: DrillArgs) -> i32 {
         if i == 0 {
             println!("rank {me}: running");
         }
+    }
+    if a.linger > 0 {
+        println!("rank {me}: lingering");
+        std::thread::sleep(Duration::from_secs(a.linger));
     }
     println!("rank {me}: done");
     0
