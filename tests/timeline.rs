@@ -1,6 +1,7 @@
 //! Issue 37, acceptance 2: a timeline of the digits MLP trained with the mirrored
 //! strategy on 4 replicas is valid Trace Event JSON (checked against the format's
-//! rules here), and `braid timeline` draws it. One test in this binary: it sets
+//! rules here), with a span per strategy step and per fusion bucket around the
+//! collectives, and `braid timeline` draws it. One test in this binary: it sets
 //! `BRAID_TIMELINE`, which the strategy reads from the environment.
 
 #[path = "../examples/digits/mlp.rs"]
@@ -41,18 +42,31 @@ fn check_trace_events(text: &str, what: &str) -> usize {
             other => panic!("{what}: phase {other:?} in {e}"),
         }
     }
-    // Every round lies inside a call of its lane (to a microsecond: wall-clock
+    // Every round lies inside a call of its lane, every fusion bucket inside a
+    // strategy step and around an all-reduce (to a microsecond: wall-clock
     // microseconds since 1970 in an f64 resolve a quarter of one).
-    let calls: Vec<&Value> = events.iter().filter(|e| e["cat"] == "call").collect();
-    for r in events.iter().filter(|e| e["cat"] == "round") {
-        let (ts, end) = (r["ts"].as_f64().unwrap(), r["ts"].as_f64().unwrap() + r["dur"].as_f64().unwrap());
-        let inside = calls.iter().any(|c| {
-            let (cs, ce) = (c["ts"].as_f64().unwrap(), c["ts"].as_f64().unwrap() + c["dur"].as_f64().unwrap());
-            c["pid"] == r["pid"] && c["tid"] == r["tid"] && cs <= ts + 1.0 && end <= ce + 1.0
-        });
-        assert!(inside, "{what}: a round outside every call: {r}");
+    nested(&events, "round", "call", what);
+    nested(&events, "fusion", "strategy", what);
+    let calls: Vec<Value> = events.iter().filter(|e| e["name"] == "all-reduce").cloned().collect();
+    for b in events.iter().filter(|e| e["cat"] == "fusion") {
+        assert!(calls.iter().any(|c| within(c, b)), "{what}: a fusion bucket around no all-reduce: {b}");
     }
     spans
+}
+
+/// Whether span `inner` lies inside span `outer`, in the same lane.
+fn within(inner: &Value, outer: &Value) -> bool {
+    let at = |e: &Value| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap());
+    let ((s, e), (os, oe)) = (at(inner), at(outer));
+    inner["pid"] == outer["pid"] && inner["tid"] == outer["tid"] && os <= s + 1.0 && e <= oe + 1.0
+}
+
+/// Every span of category `inner` lies inside one of category `outer`.
+fn nested(events: &[Value], inner: &str, outer: &str, what: &str) {
+    let outers: Vec<&Value> = events.iter().filter(|e| e["cat"] == outer).collect();
+    for i in events.iter().filter(|e| e["cat"] == inner) {
+        assert!(outers.iter().any(|o| within(i, o)), "{what}: a {inner} span outside every {outer} span: {i}");
+    }
 }
 
 #[test]
@@ -76,13 +90,19 @@ fn mirrored_training_on_4_replicas_leaves_a_valid_timeline_that_braid_draws() {
         let text = std::fs::read_to_string(f).unwrap();
         let spans = check_trace_events(&text, &f.display().to_string());
         let v: Vec<Value> = serde_json::from_str(&text).unwrap();
-        let calls = v.iter().filter(|e| e["cat"] == "call").count();
+        let count = |cat: &str| v.iter().filter(|e| e["cat"] == cat).count();
+        let (calls, steps, buckets) = (count("call"), count("strategy"), count("fusion"));
         assert!(calls > 10, "{}: {calls} calls", f.display());
-        per_rank.insert(v[0]["pid"].as_u64().unwrap(), (spans, calls));
+        // 1797 digits, a seventh held out, batches of 32: at least 40 steps an epoch,
+        // each with at least one bucket of gradients.
+        assert!(steps >= 40 && buckets >= steps, "{}: {steps} steps, {buckets} buckets", f.display());
+        per_rank.insert(v[0]["pid"].as_u64().unwrap(), (spans, calls, steps));
     }
     assert_eq!(per_rank.len(), 4, "{per_rank:?}");
     let calls: Vec<usize> = (0..4).map(|r| per_rank[&r].1).collect();
     assert!(calls.iter().all(|&c| c == calls[0]), "every replica made the same calls: {calls:?}");
+    let steps: Vec<usize> = (0..4).map(|r| per_rank[&r].2).collect();
+    assert!(steps.iter().all(|&c| c == steps[0]), "every replica took the same steps: {steps:?}");
     let svg = dir.join("digits.svg");
     let out = Command::new(env!("CARGO_BIN_EXE_braid")).arg("timeline").arg(&dir).arg("-o").arg(&svg).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -327,6 +327,30 @@ impl Communicator {
         self.core.shared.metrics.as_ref().map(|m| m.snapshot())
     }
 
+    /// Whether this communicator writes a timeline (`BRAID_TIMELINE`): layers above
+    /// it time their work for [`Communicator::timeline_span`] only then.
+    pub fn timeline_on(&self) -> bool {
+        self.core.shared.timeline_on
+    }
+
+    /// Add a span of work above the collectives (a fusion bucket, a strategy step)
+    /// from `start` to `end` to this rank's timeline, in category `cat`, with one
+    /// numeric argument. Nothing when the timeline is off. Waits for a call running
+    /// on another thread to end.
+    pub fn timeline_span(
+        &self,
+        name: &str,
+        cat: &str,
+        (start, end): (std::time::Instant, std::time::Instant),
+        arg: Option<(&str, u64)>,
+    ) {
+        if self.core.shared.timeline_on {
+            if let Some(t) = self.core.shared.lock_engine().timeline.as_mut() {
+                t.span(name, cat, (start, end), arg);
+            }
+        }
+    }
+
     /// With `cfg.metrics_addr`, serve this communicator's counters to Prometheus
     /// (see [`crate::recorder::exporter`]).
     pub(crate) fn serve_metrics(&self, cfg: &Config) -> Result<()> {

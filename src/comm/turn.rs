@@ -33,6 +33,8 @@ pub(super) struct Shared {
     pub(super) recorder: Option<Arc<crate::recorder::FlightRecorder>>,
     /// The engine's counters, readable while a call holds the engine.
     pub(super) metrics: Option<Arc<crate::recorder::metrics::Metrics>>,
+    /// Whether the engine writes a timeline (`BRAID_TIMELINE`).
+    pub(super) timeline_on: bool,
 }
 
 /// Passes the turn on when dropped: after the call returns and while it unwinds.
@@ -68,6 +70,7 @@ impl Shared {
             rank: engine.rank,
             recorder: engine.recorder.clone(),
             metrics: engine.metrics.clone(),
+            timeline_on: engine.timeline.is_some(),
             engine: Mutex::new(engine),
             next_ticket: AtomicU64::new(0),
             serving: AtomicU64::new(0),

@@ -354,6 +354,7 @@ impl Packer {
             )));
         }
         for (index, range) in plan::buckets(&entries, self.cfg.threshold_bytes).into_iter().enumerate() {
+            let started = self.comm.timeline_on().then(Instant::now);
             let run: Vec<Request> = batch.drain(..range.len()).collect();
             let e = run[0].entry;
             let total: usize = run.iter().map(|q| q.entry.bytes).sum();
@@ -382,6 +383,7 @@ impl Packer {
                 self.residuals.put((fp, index), residual);
             }
             let mut off = 0;
+            let mut replies = Vec::new();
             for mut req in run {
                 let reply = match &outcome {
                     Ok(()) => {
@@ -400,7 +402,20 @@ impl Packer {
                     }
                     Err(e) => Err(e.share()),
                 };
-                let _ = req.done.send(reply);
+                // With a timeline, the bucket's span ends before its results are
+                // handed out (a step that waits for them ends after it); without,
+                // each result goes as soon as it is unpacked.
+                match started {
+                    Some(_) => replies.push((req.done, reply)),
+                    None => drop(req.done.send(reply)),
+                }
+            }
+            if let Some(t0) = started {
+                let span = (t0, Instant::now());
+                self.comm.timeline_span(&format!("bucket {index}"), "fusion", span, Some(("bytes", total as u64)));
+            }
+            for (done, reply) in replies {
+                let _ = done.send(reply);
             }
             // The rest of the batch fails with it (in `fail_all`).
             outcome?;

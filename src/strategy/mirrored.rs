@@ -4,6 +4,7 @@
 //! same mean on every copy, so the copies stay equal without being sent.
 
 use std::ops::Range;
+use std::time::Instant;
 
 use super::{
     combine_local, flatten, on_each, same_shapes, scale, unflatten, ApplyFn, Reduction, Replica, StepFn, Strategy,
@@ -61,6 +62,7 @@ impl SyncReplica {
         step: &StepFn<'_>,
         apply: &ApplyFn<'_>,
     ) -> Result<f64> {
+        let started = self.comm().timeline_on().then(Instant::now);
         let replicas = self.comm().world_size();
         let g = step(&Replica { id: self.id, replicas, batch: share, vars: &self.vars });
         if !same_shapes(&g.grads, &self.vars) {
@@ -94,6 +96,10 @@ impl SyncReplica {
         };
         scale(&mut grads, global_batch);
         apply(&mut self.vars, &grads);
+        if let Some(t0) = started {
+            let span = (t0, Instant::now());
+            self.comm().timeline_span("step", "strategy", span, Some(("global_batch", global_batch as u64)));
+        }
         Ok(loss / global_batch.max(1) as f64)
     }
 

@@ -140,6 +140,8 @@ pub fn svg(spans: &[Span]) -> String {
         let (dy, h, fill, opacity) = match s.cat.as_str() {
             "call" => (4.0, 18.0, colour(&s.name), 0.9),
             "round" => (24.0, 6.0, "#555", 0.5),
+            "fusion" => (1.0, 3.0, "#8a2be2", 0.8),
+            "strategy" => (31.0, 3.0, "#2a7f62", 0.8),
             _ => (1.0, 3.0, "#222", 0.8),
         };
         let _ = writeln!(
@@ -171,9 +173,15 @@ pub fn svg(spans: &[Span]) -> String {
     let mut names: Vec<&str> = spans.iter().filter(|s| s.cat == "call").map(|s| s.name.as_str()).collect();
     names.sort_unstable();
     names.dedup();
-    for (i, n) in names.iter().enumerate() {
+    let mut legend: Vec<(&str, &str)> = names.iter().map(|n| (*n, colour(n))).collect();
+    for (cat, label, fill) in [("fusion", "fusion bucket", "#8a2be2"), ("strategy", "strategy step", "#2a7f62")] {
+        if spans.iter().any(|s| s.cat == cat) {
+            legend.push((label, fill));
+        }
+    }
+    for (i, (n, fill)) in legend.iter().enumerate() {
         let lx = 320.0 + 150.0 * i as f64;
-        let _ = writeln!(out, r#"<rect x="{lx:.1}" y="8" width="12" height="12" fill="{}"/>"#, colour(n));
+        let _ = writeln!(out, r#"<rect x="{lx:.1}" y="8" width="12" height="12" fill="{fill}"/>"#);
         let _ = writeln!(out, r#"<text x="{:.1}" y="19">{}</text>"#, lx + 16.0, escape(n));
     }
     out.push_str("</svg>\n");
