@@ -1,7 +1,7 @@
 //! Issue 37, acceptance 2: a timeline of the digits MLP trained with the mirrored
 //! strategy on 4 replicas is valid Trace Event JSON (checked against the format's
 //! rules here), with a span per strategy step and per fusion bucket around the
-//! collectives, and `braid timeline` draws it. One test in this binary: it sets
+//! collectives and one per peer inside each round, and `braid timeline` draws it. One test in this binary: it sets
 //! `BRAID_TIMELINE`, which the strategy reads from the environment.
 
 #[path = "../examples/digits/mlp.rs"]
@@ -46,6 +46,7 @@ fn check_trace_events(text: &str, what: &str) -> usize {
     // strategy step and around an all-reduce (to a microsecond: wall-clock
     // microseconds since 1970 in an f64 resolve a quarter of one).
     nested(&events, "round", "call", what);
+    nested(&events, "transfer", "round", what);
     nested(&events, "fusion", "strategy", what);
     let calls: Vec<Value> = events.iter().filter(|e| e["name"] == "all-reduce").cloned().collect();
     for b in events.iter().filter(|e| e["cat"] == "fusion") {
@@ -93,6 +94,8 @@ fn mirrored_training_on_4_replicas_leaves_a_valid_timeline_that_braid_draws() {
         let count = |cat: &str| v.iter().filter(|e| e["cat"] == cat).count();
         let (calls, steps, buckets) = (count("call"), count("strategy"), count("fusion"));
         assert!(calls > 10, "{}: {calls} calls", f.display());
+        // Every all-reduce round of 4 replicas moves data with some peer.
+        assert!(count("transfer") >= calls, "{}: {} peer transfers", f.display(), count("transfer"));
         // 1797 digits, a seventh held out, batches of 32: at least 40 steps an epoch,
         // each with at least one bucket of gradients.
         assert!(steps >= 40 && buckets >= steps, "{}: {steps} steps, {buckets} buckets", f.display());

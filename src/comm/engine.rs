@@ -279,7 +279,8 @@ impl Engine {
         }
         if let (Some(t), Some(start)) = (&mut self.timeline, started) {
             let bytes = sig.count.saturating_mul(sig.dtype.size() as u64);
-            t.call(&sig, seqs.0, bytes, result.is_ok(), (start, Instant::now()), &self.aborted.take_marks());
+            let (rounds, peers) = self.aborted.take_marks();
+            t.call(&sig, seqs.0, bytes, result.is_ok(), (start, Instant::now()), (&rounds, &peers));
         }
         if let (Some(r), Some(index)) = (&self.recorder, recorded) {
             r.end(index, result.as_ref().map(|_| ()));

@@ -210,6 +210,9 @@ pub struct CallFlags {
     /// start times while they are.
     marking: AtomicBool,
     marks: std::sync::Mutex<Vec<(u32, Instant)>>,
+    /// While rounds are timed: when each peer's transfers of a round completed
+    /// (round, peer, time).
+    peer_marks: std::sync::Mutex<Vec<(u32, usize, Instant)>>,
 }
 
 impl std::ops::Deref for CallFlags {
@@ -234,9 +237,23 @@ impl CallFlags {
     pub(crate) fn time_rounds(&self) {
         self.marking.store(true, Ordering::Relaxed);
     }
-    /// The rounds timed since the last call of this, with their start times.
-    pub(crate) fn take_marks(&self) -> Vec<(u32, Instant)> {
-        self.marks.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default()
+    /// Whether rounds are timed.
+    pub(crate) fn marking(&self) -> bool {
+        self.marking.load(Ordering::Relaxed)
+    }
+    /// The current round's transfers with `peer` completed now (rounds are timed).
+    fn mark_peer_done(&self, peer: usize) {
+        let round = self.round.load(Ordering::Relaxed);
+        if let Ok(mut m) = self.peer_marks.lock() {
+            m.push((round, peer, Instant::now()));
+        }
+    }
+    /// The rounds timed since the last call of this, with their start times, and
+    /// when each peer's transfers of each of them completed.
+    pub(crate) fn take_marks(&self) -> (Vec<(u32, Instant)>, Vec<(u32, usize, Instant)>) {
+        let rounds = self.marks.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
+        let peers = self.peer_marks.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
+        (rounds, peers)
     }
     /// The current call went idle waiting on `peers`.
     pub fn set_waiting(&self, peers: &[usize]) {
@@ -514,6 +531,13 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
     // Whether the recorder heard whom this wait is for (once per wait, when it
     // stops spinning: the moment a hang becomes visible).
     let mut told_recorder = false;
+    // With a timeline: the peers whose transfers of this round are still open, to
+    // time when each completes (nothing allocated otherwise).
+    let marking = call.flags.marking();
+    let mut open: Vec<bool> = match marking {
+        true => channels.iter().map(|c| c.as_ref().is_some_and(|c| c.busy())).collect(),
+        false => Vec::new(),
+    };
     loop {
         // A plain load: this is the hot loop. Every wait below is bounded (100 ms
         // in poll, 1 ms asleep), so an abort is seen well within a second.
@@ -525,7 +549,12 @@ fn run_transfers(channels: &mut Channels, gates: &mut [usize], call: &CallInfo) 
         for (peer, ch) in channels.iter_mut().enumerate() {
             let Some(ch) = ch.as_mut() else { continue };
             progressed |= ch.progress(peer, gates, call)?;
-            pending |= ch.busy();
+            let busy = ch.busy();
+            pending |= busy;
+            if marking && !busy && open[peer] {
+                open[peer] = false;
+                call.flags.mark_peer_done(peer);
+            }
         }
         if !pending {
             return Ok(());

@@ -98,7 +98,7 @@ impl Timeline {
         bytes: u64,
         ok: bool,
         (start, end): (Instant, Instant),
-        rounds: &[(u32, Instant)],
+        (rounds, peers): (&[(u32, Instant)], &[(u32, usize, Instant)]),
     ) {
         let (s, e) = (self.us(start), self.us(end));
         let mut args = Json::object();
@@ -114,6 +114,11 @@ impl Timeline {
             let until = rounds.get(i + 1).map_or(e, |&(_, next)| self.us(next));
             let name = format!("round {k}");
             self.event(&name, "round", self.us(at), until, None);
+            // Each peer's transfers of the round, from its start to when they
+            // completed: spans that all start together, so they nest.
+            for &(_, peer, done) in peers.iter().filter(|p| p.0 == k) {
+                self.event(&format!("peer {peer}"), "transfer", self.us(at), self.us(done).min(until), None);
+            }
         }
     }
 

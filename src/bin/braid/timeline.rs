@@ -140,6 +140,7 @@ pub fn svg(spans: &[Span]) -> String {
         let (dy, h, fill, opacity) = match s.cat.as_str() {
             "call" => (4.0, 18.0, colour(&s.name), 0.9),
             "round" => (24.0, 6.0, "#555", 0.5),
+            "transfer" => (27.0, 3.0, "#c44e52", 0.6),
             "fusion" => (1.0, 3.0, "#8a2be2", 0.8),
             "strategy" => (31.0, 3.0, "#2a7f62", 0.8),
             _ => (1.0, 3.0, "#222", 0.8),
