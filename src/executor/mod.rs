@@ -193,6 +193,11 @@ pub struct CallInfo {
     pub flags: Arc<CallFlags>,
 }
 
+/// Timed rounds of a call: (round, when it started).
+pub type RoundMarks = Vec<(u32, Instant)>;
+/// When each peer's transfers of a timed round completed: (round, peer, when).
+pub type PeerMarks = Vec<(u32, usize, Instant)>;
+
 /// What the threads around a communicator's calls share with them: the abort flag
 /// (the `AtomicBool` this derefs to), and where the current call is, for the
 /// flight recorder to read while the call waits. One allocation per communicator
@@ -209,10 +214,10 @@ pub struct CallFlags {
     /// Whether rounds are timed for the timeline (`BRAID_TIMELINE`), and their
     /// start times while they are.
     marking: AtomicBool,
-    marks: std::sync::Mutex<Vec<(u32, Instant)>>,
+    marks: std::sync::Mutex<RoundMarks>,
     /// While rounds are timed: when each peer's transfers of a round completed
     /// (round, peer, time).
-    peer_marks: std::sync::Mutex<Vec<(u32, usize, Instant)>>,
+    peer_marks: std::sync::Mutex<PeerMarks>,
 }
 
 impl std::ops::Deref for CallFlags {
@@ -250,7 +255,7 @@ impl CallFlags {
     }
     /// The rounds timed since the last call of this, with their start times, and
     /// when each peer's transfers of each of them completed.
-    pub(crate) fn take_marks(&self) -> (Vec<(u32, Instant)>, Vec<(u32, usize, Instant)>) {
+    pub(crate) fn take_marks(&self) -> (RoundMarks, PeerMarks) {
         let rounds = self.marks.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
         let peers = self.peer_marks.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
         (rounds, peers)

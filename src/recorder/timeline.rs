@@ -98,7 +98,7 @@ impl Timeline {
         bytes: u64,
         ok: bool,
         (start, end): (Instant, Instant),
-        (rounds, peers): (&[(u32, Instant)], &[(u32, usize, Instant)]),
+        (rounds, peers): (&crate::executor::RoundMarks, &crate::executor::PeerMarks),
     ) {
         let (s, e) = (self.us(start), self.us(end));
         let mut args = Json::object();
