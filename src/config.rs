@@ -29,7 +29,7 @@
 //! | `BRAID_FUSION_COMPRESSION` | `fp16`, `bf16`: a fuser sends f32 sums and averages as halves with error feedback (default `none`) |
 //! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each, round robin when they outnumber the cores), `core`, `none` |
 //! | `BRAID_TRACE_BUFFER` | calls each communicator's flight recorder keeps (default 2000; `0`: off), see [`crate::recorder`] |
-//! | `BRAID_TRACE_DIR` | where each rank writes its flight record (JSON) when a call fails, on abort, on SIGUSR1 and on SIGTERM (default: nowhere; [`crate::Communicator::flight_record`] still answers) |
+//! | `BRAID_TRACE_DIR` | where each rank writes its flight record (JSON) when a call fails, on abort, on SIGUSR1 and on SIGTERM, SIGINT, SIGHUP and SIGQUIT (default: nowhere; [`crate::Communicator::flight_record`] still answers) |
 //! | `BRAID_TIMELINE` | write every call (and its rounds) as Chrome trace events, one file per rank named after this one (see [`crate::recorder::timeline`]); `braid timeline` draws them |
 //! | `BRAID_METRICS` | `1`: count calls, bytes, time and bus bandwidth per op and failures by kind ([`crate::Communicator::stats`]; default off) |
 //! | `BRAID_METRICS_ADDR` | `HOST:PORT`: turn the metrics on and serve them to Prometheus at `http://HOST:PORT+L/metrics`, L the process's first communicator's local rank (see [`crate::recorder::exporter`]) |
@@ -100,7 +100,7 @@ pub struct Config {
     /// [`crate::recorder::DEFAULT_CALLS`]; 0: no recorder).
     pub trace_buffer: usize,
     /// Where flight records are written when a call fails, on abort and on
-    /// SIGUSR1/SIGTERM (`BRAID_TRACE_DIR`; None: not written, only returned on demand).
+    /// SIGUSR1 and the fatal signals (`BRAID_TRACE_DIR`; None: not written, only returned on demand).
     pub trace_dir: Option<std::path::PathBuf>,
     /// Where the timeline goes (`BRAID_TIMELINE`; None: no timeline), one file per
     /// rank and communicator named after it ([`crate::recorder::timeline`]).

@@ -236,3 +236,32 @@ fn signals_write_records() {
     drop(ranks);
     let _ = std::fs::remove_dir_all(&dir.0);
 }
+
+/// SIGINT (a ^C at the launcher) and SIGHUP (a lost terminal) write the record and
+/// end the rank as the signal does. One job each: the first rank to die takes the
+/// others' calls down with it.
+#[test]
+fn interrupts_and_hangups_write_records() {
+    use std::os::unix::process::ExitStatusExt;
+    for (rank, sig, name) in [(0, libc::SIGINT, "SIGINT"), (2, libc::SIGHUP, "SIGHUP")] {
+        let dir = TraceDir::new(name, "shm");
+        let (mut ranks, _server) = start("shm", &dir.0, &["--calls", "all-reduce", "--repeat", "1000000"]);
+        wait_running(&mut ranks, name);
+        let pid = ranks.0[rank].as_ref().unwrap().id() as i32;
+        // SAFETY: kill(2) on a child this test started.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        let o = wait_bounded(ranks.0[rank].take().unwrap(), FAIL_BOUND);
+        assert_eq!(o.status.and_then(|s| s.signal()), Some(sig), "{name}: {}", o.dump());
+        let path = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(&format!("-rank{rank}.json")))
+            .unwrap_or_else(|| panic!("{name}: a record from rank {rank}"));
+        let v = record_at(&path, name);
+        let reason = format!("signal {name}");
+        assert_eq!((v["rank"].as_u64(), v["reason"].as_str()), (Some(rank as u64), Some(reason.as_str())));
+        drop(ranks);
+        let _ = std::fs::remove_dir_all(&dir.0);
+    }
+}

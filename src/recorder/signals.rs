@@ -1,6 +1,8 @@
 //! Records on signals: SIGUSR1 writes every live communicator's record into its
-//! trace directory and the process goes on; SIGTERM, when nothing else in the
-//! process handles it, writes them and then ends the process as SIGTERM does.
+//! trace directory and the process goes on; SIGTERM, SIGINT, SIGHUP and SIGQUIT,
+//! each when nothing else in the process handles it, write them and then end the
+//! process as the signal does. (SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGABRT end a
+//! process before any thread could write: a record needs a signal that waits.)
 //!
 //! Nothing runs in a signal handler: `signal-hook` turns each signal into a byte on
 //! a pipe, and one watcher thread, started with the first recorder that has a
@@ -16,8 +18,8 @@ fn registry() -> &'static Mutex<Vec<Weak<FlightRecorder>>> {
     LIVE.get_or_init(|| Mutex::new(Vec::new()))
 }
 
-/// Have `recorder` written on SIGUSR1 and SIGTERM (when it has a trace
-/// directory), starting the watcher the first time.
+/// Have `recorder` written on SIGUSR1 and the fatal signals of [`FATAL`] (when it
+/// has a trace directory), starting the watcher the first time.
 pub fn watch(recorder: &Arc<FlightRecorder>) {
     if recorder.dir().is_none() {
         return;
@@ -46,14 +48,20 @@ fn is_default(signal: libc::c_int) -> bool {
     }
 }
 
+/// Signals that end a process by default, with their record reasons.
+const FATAL: [(libc::c_int, &str); 4] = [
+    (libc::SIGTERM, "signal SIGTERM"),
+    (libc::SIGINT, "signal SIGINT"),
+    (libc::SIGHUP, "signal SIGHUP"),
+    (libc::SIGQUIT, "signal SIGQUIT"),
+];
+
 fn start_watcher() {
-    use signal_hook::consts::{SIGTERM, SIGUSR1};
-    let mut signals = vec![SIGUSR1];
-    // A process that handles SIGTERM itself (a Python interpreter, a server) keeps
-    // its own handling: braid then writes records on SIGUSR1 only.
-    if is_default(SIGTERM) {
-        signals.push(SIGTERM);
-    }
+    use signal_hook::consts::SIGUSR1;
+    // A process that handles one of them itself (a Python interpreter's SIGINT, a
+    // server's SIGTERM) keeps its own handling: braid then writes no record on it.
+    let fatal: Vec<(libc::c_int, &'static str)> = FATAL.into_iter().filter(|&(s, _)| is_default(s)).collect();
+    let signals: Vec<libc::c_int> = std::iter::once(SIGUSR1).chain(fatal.iter().map(|f| f.0)).collect();
     let mut iter = match signal_hook::iterator::Signals::new(&signals) {
         Ok(i) => i,
         Err(e) => {
@@ -63,12 +71,13 @@ fn start_watcher() {
     };
     let spawned = std::thread::Builder::new().name("braid-signals".into()).spawn(move || {
         for signal in iter.forever() {
-            let name = if signal == SIGTERM { "signal SIGTERM" } else { "signal SIGUSR1" };
+            let ends = fatal.iter().find(|f| f.0 == signal);
+            let name = ends.map_or("signal SIGUSR1", |f| f.1);
             let n = dump_all(name);
             tracing::info!("flight recorder: {name}: {n} record(s) written");
-            if signal == SIGTERM {
+            if ends.is_some() {
                 // As if braid had never handled it: the default action ends the process.
-                let _ = signal_hook::low_level::emulate_default_handler(SIGTERM);
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
             }
         }
     });
