@@ -7,7 +7,8 @@
 #    threads and 8 processes, 16 MiB to 1 GiB, checked; a timeline of the tree.
 # Knobs: PROBE_BUDGET (seconds per perf run, default 45); PROBE_STEPS, a list of
 # `probe` (1), `all` (every algorithm), `timeline`, `bw` (all-reduce at 256 and 512 MiB,
-# PROBE_BW_RANKS as processes and as threads), `auto` (the tuner's picks for
+# PROBE_BW_RANKS as processes and as threads), `units` (every algorithm at 512 MiB,
+# 2 ranks, under each BRAID_PEER_COPY_UNITS of PROBE_UNITS), `auto` (the tuner's picks for
 # PROBE_AUTO_OPS at 2 and 8 processes) and `mps` (the pair probe, `bw`'s processes and
 # PROBE_AUTO_OPS at 8 processes again under CUDA MPS, which lets two processes' contexts share the
 # GPU); default "probe all timeline".
@@ -74,6 +75,12 @@ for step in $steps; do
       for n in ${PROBE_BW_RANKS:-2 4 8}; do
         perf "bw-p$n" --ranks $n --in-place -b 256M -e 512M -f 2
         perf "bw-t$n" --ranks $n --transport inproc --in-place -b 256M -e 512M -f 2
+      done
+      ;;
+    units)
+      for u in ${PROBE_UNITS:-2 8 32}; do
+        BRAID_PEER_COPY_UNITS=$u perf "units$u-p2" --ranks 2 --algo all --in-place -b 512M -e 512M
+        BRAID_PEER_COPY_UNITS=$u perf "units$u-t2" --ranks 2 --transport inproc --algo all --in-place -b 512M -e 512M
       done
       ;;
     mps)

@@ -243,7 +243,21 @@ const MAX_UNIT_PIECES: usize = 64;
 /// A forward still pipelines: a unit goes out once all its pieces are final.
 /// Both ends derive it from the length, which they check agrees.
 fn unit_pieces(len: usize) -> usize {
-    len.div_ceil(PIECE_BYTES).div_ceil(UNITS_PER_TRANSFER).clamp(1, MAX_UNIT_PIECES)
+    len.div_ceil(PIECE_BYTES).div_ceil(units_per_transfer()).clamp(1, MAX_UNIT_PIECES)
+}
+
+/// [`UNITS_PER_TRANSFER`], or `BRAID_PEER_COPY_UNITS` (1 to 64) for measuring
+/// others on a GPU; every rank must see the same value, since both ends of a
+/// transfer derive its units from it (a disagreement is a size error, not a hang).
+fn units_per_transfer() -> usize {
+    static UNITS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *UNITS.get_or_init(|| {
+        std::env::var("BRAID_PEER_COPY_UNITS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|n| (1..=MAX_UNIT_PIECES).contains(n))
+            .unwrap_or(UNITS_PER_TRANSFER)
+    })
 }
 
 /// Unit `k` of a region of `len` bytes (`k` below [`unit_count`]): its offset and
