@@ -247,8 +247,8 @@ fn unit_pieces(len: usize) -> usize {
 }
 
 /// [`UNITS_PER_TRANSFER`], or `BRAID_PEER_COPY_UNITS` (1 to 64) for measuring
-/// others on a GPU; every rank must see the same value, since both ends of a
-/// transfer derive its units from it (a disagreement is a size error, not a hang).
+/// others on a GPU. Every rank must see the same value: both ends of a transfer
+/// derive its units from it, and check every descriptor against their own cut.
 fn units_per_transfer() -> usize {
     static UNITS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *UNITS.get_or_init(|| {
