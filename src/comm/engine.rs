@@ -269,7 +269,7 @@ impl Engine {
         let recorded = self.recorder.as_ref().map(|r| r.begin(seqs.0, &sig, schedule.rounds.len()));
         let was_broken = self.broken.is_some();
         let started = self.timeline.as_ref().map(|_| {
-            self.aborted.take_marks();
+            self.aborted.with_marks(|_, _| ());
             Instant::now()
         });
         let counted = self.metrics.as_ref().map(|_| Instant::now());
@@ -279,8 +279,9 @@ impl Engine {
         }
         if let (Some(t), Some(start)) = (&mut self.timeline, started) {
             let bytes = sig.count.saturating_mul(sig.dtype.size() as u64);
-            let (rounds, peers) = self.aborted.take_marks();
-            t.call(&sig, seqs.0, bytes, result.is_ok(), (start, Instant::now()), (&rounds, &peers));
+            let end = Instant::now();
+            self.aborted
+                .with_marks(|rounds, peers| t.call(&sig, seqs.0, bytes, result.is_ok(), (start, end), (rounds, peers)));
         }
         if let (Some(r), Some(index)) = (&self.recorder, recorded) {
             r.end(index, result.as_ref().map(|_| ()));

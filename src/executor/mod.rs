@@ -193,10 +193,10 @@ pub struct CallInfo {
     pub flags: Arc<CallFlags>,
 }
 
-/// Timed rounds of a call: (round, when it started).
-pub type RoundMarks = Vec<(u32, Instant)>;
-/// When each peer's transfers of a timed round completed: (round, peer, when).
-pub type PeerMarks = Vec<(u32, usize, Instant)>;
+/// A timed round of a call: (round, when it started).
+pub type RoundMark = (u32, Instant);
+/// When a peer's transfers of a timed round completed: (round, peer, when).
+pub type PeerMark = (u32, usize, Instant);
 
 /// What the threads around a communicator's calls share with them: the abort flag
 /// (the `AtomicBool` this derefs to), and where the current call is, for the
@@ -214,10 +214,10 @@ pub struct CallFlags {
     /// Whether rounds are timed for the timeline (`BRAID_TIMELINE`), and their
     /// start times while they are.
     marking: AtomicBool,
-    marks: std::sync::Mutex<RoundMarks>,
+    marks: std::sync::Mutex<Vec<RoundMark>>,
     /// While rounds are timed: when each peer's transfers of a round completed
     /// (round, peer, time).
-    peer_marks: std::sync::Mutex<PeerMarks>,
+    peer_marks: std::sync::Mutex<Vec<PeerMark>>,
 }
 
 impl std::ops::Deref for CallFlags {
@@ -253,12 +253,16 @@ impl CallFlags {
             m.push((round, peer, Instant::now()));
         }
     }
-    /// The rounds timed since the last call of this, with their start times, and
-    /// when each peer's transfers of each of them completed.
-    pub(crate) fn take_marks(&self) -> (RoundMarks, PeerMarks) {
-        let rounds = self.marks.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
-        let peers = self.peer_marks.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
-        (rounds, peers)
+    /// Hand `f` the rounds timed since the last call of this, with their start
+    /// times, and when each peer's transfers of each of them completed; then forget
+    /// them (keeping the lists' room, so a call with a timeline allocates nothing).
+    pub(crate) fn with_marks<R>(&self, f: impl FnOnce(&[RoundMark], &[PeerMark]) -> R) -> R {
+        let mut rounds = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.peer_marks.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f(&rounds, &peers);
+        rounds.clear();
+        peers.clear();
+        r
     }
     /// The current call went idle waiting on `peers`.
     pub fn set_waiting(&self, peers: &[usize]) {

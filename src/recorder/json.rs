@@ -37,7 +37,8 @@ impl Json {
     }
 }
 
-fn string(s: &str, out: &mut String) {
+/// `s` as a JSON string (quoted, escaped) at the end of `out`.
+pub(super) fn string(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {

@@ -12,6 +12,7 @@
 //! in both viewers, which accept a missing `]`). Off, it costs nothing: the engine
 //! holds no timeline, and the executor's round hook reads one flag.
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -22,13 +23,22 @@ use crate::types::CallSig;
 /// Events kept before a block is written.
 const BLOCK_EVENTS: usize = 4096;
 
+/// An event's name: text, or one of the names every call repeats (written
+/// without formatting a string first).
+enum Name<'a> {
+    Text(&'a str),
+    Round(u32),
+    Peer(usize),
+}
+
 /// One rank's timeline file.
 pub struct Timeline {
     path: PathBuf,
     rank: usize,
     tid: u32,
     base: Instant,
-    base_us: f64,
+    /// Nanoseconds since 1970 at `base`.
+    base_ns: u64,
     pending: String,
     events: usize,
     wrote_header: bool,
@@ -50,13 +60,13 @@ pub fn file_for(file: &Path, comm: u32, rank: usize) -> PathBuf {
 impl Timeline {
     /// A timeline of `rank` in communicator `comm` for `BRAID_TIMELINE=file`.
     pub fn new(file: &Path, comm: u32, rank: usize) -> Timeline {
-        let base_us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1e6).unwrap_or(0.0);
+        let base_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
         Timeline {
             path: file_for(file, comm, rank),
             rank,
             tid: comm,
             base: Instant::now(),
-            base_us,
+            base_ns,
             pending: String::new(),
             events: 0,
             wrote_header: false,
@@ -64,25 +74,41 @@ impl Timeline {
         }
     }
 
-    /// Microseconds (wall clock) of `at`.
-    pub fn us(&self, at: Instant) -> f64 {
-        self.base_us + at.saturating_duration_since(self.base).as_secs_f64() * 1e6
+    /// Nanoseconds of `at` since 1970 (wall clock at the timeline's start, then
+    /// the monotonic clock).
+    fn ns(&self, at: Instant) -> u64 {
+        self.base_ns.saturating_add(at.saturating_duration_since(self.base).as_nanos() as u64)
     }
 
-    fn event(&mut self, name: &str, cat: &str, start: f64, end: f64, args: Option<Json>) {
-        let mut e = Json::object();
-        e.field("name", name)
-            .field("cat", cat)
-            .field("ph", "X")
-            .field("ts", start)
-            .field("dur", (end - start).max(0.0))
-            .field("pid", self.rank)
-            .field("tid", self.tid as u64);
-        if let Some(a) = args {
-            e.field("args", a);
+    /// One complete event, written straight into the pending text: integers only
+    /// (times as microseconds with three decimals), no allocation but the text's.
+    fn event(&mut self, name: Name<'_>, cat: &str, (start, end): (u64, u64), args: impl FnOnce(&mut String)) {
+        let out = &mut self.pending;
+        out.push_str("{\"name\":");
+        match name {
+            Name::Text(t) => super::json::string(t, out),
+            Name::Round(k) => {
+                let _ = write!(out, "\"round {k}\"");
+            }
+            Name::Peer(p) => {
+                let _ = write!(out, "\"peer {p}\"");
+            }
         }
-        self.pending.push_str(&e.finish());
-        self.pending.push_str(",\n");
+        out.push_str(",\"cat\":");
+        super::json::string(cat, out);
+        let dur = end.saturating_sub(start);
+        let _ = write!(
+            out,
+            ",\"ph\":\"X\",\"ts\":{}.{:03},\"dur\":{}.{:03},\"pid\":{},\"tid\":{}",
+            start / 1000,
+            start % 1000,
+            dur / 1000,
+            dur % 1000,
+            self.rank,
+            self.tid
+        );
+        args(out);
+        out.push_str("},\n");
         self.events += 1;
         if self.events.is_multiple_of(BLOCK_EVENTS) {
             self.flush(false);
@@ -98,39 +124,42 @@ impl Timeline {
         bytes: u64,
         ok: bool,
         (start, end): (Instant, Instant),
-        (rounds, peers): (&crate::executor::RoundMarks, &crate::executor::PeerMarks),
+        (rounds, peers): (&[crate::executor::RoundMark], &[crate::executor::PeerMark]),
     ) {
-        let (s, e) = (self.us(start), self.us(end));
-        let mut args = Json::object();
+        let (s, e) = (self.ns(start), self.ns(end));
         let algo = crate::algorithm::Algorithm::from_code(sig.algo & !crate::types::REPRODUCIBLE);
-        args.field("seq", seq)
-            .field("algorithm", algo.map(|a| a.name()))
-            .field("bytes", bytes)
-            .field("count", sig.count)
-            .field("dtype", sig.dtype.name())
-            .field("ok", if ok { "yes" } else { "no" });
-        self.event(sig.op.name(), "call", s, e, Some(args));
+        self.event(Name::Text(sig.op.name()), "call", (s, e), |out| {
+            let _ = write!(out, ",\"args\":{{\"seq\":{seq},\"algorithm\":");
+            match algo {
+                Some(a) => super::json::string(a.name(), out),
+                None => out.push_str("null"),
+            }
+            let (count, dtype, ok) = (sig.count, sig.dtype.name(), if ok { "yes" } else { "no" });
+            let _ = write!(out, ",\"bytes\":{bytes},\"count\":{count},\"dtype\":\"{dtype}\",\"ok\":\"{ok}\"}}");
+        });
         for (i, &(k, at)) in rounds.iter().enumerate() {
-            let until = rounds.get(i + 1).map_or(e, |&(_, next)| self.us(next));
-            let name = format!("round {k}");
-            self.event(&name, "round", self.us(at), until, None);
+            let until = rounds.get(i + 1).map_or(e, |&(_, next)| self.ns(next));
+            let from = self.ns(at);
+            self.event(Name::Round(k), "round", (from, until), |_| ());
             // Each peer's transfers of the round, from its start to when they
             // completed: spans that all start together, so they nest.
             for &(_, peer, done) in peers.iter().filter(|p| p.0 == k) {
-                self.event(&format!("peer {peer}"), "transfer", self.us(at), self.us(done).min(until), None);
+                let done = self.ns(done).min(until);
+                self.event(Name::Peer(peer), "transfer", (from, done), |_| ());
             }
         }
     }
 
     /// A span of another layer (a fusion bucket, a strategy step) from `start` to `end`.
     pub fn span(&mut self, name: &str, cat: &str, (start, end): (Instant, Instant), args: Option<(&str, u64)>) {
-        let (s, e) = (self.us(start), self.us(end));
-        let args = args.map(|(k, v)| {
-            let mut a = Json::object();
-            a.field(k, v);
-            a
+        let (s, e) = (self.ns(start), self.ns(end));
+        self.event(Name::Text(name), cat, (s, e), |out| {
+            if let Some((k, v)) = args {
+                out.push_str(",\"args\":{");
+                super::json::string(k, out);
+                let _ = write!(out, ":{v}}}");
+            }
         });
-        self.event(name, cat, s, e, args);
     }
 
     /// Write what is pending; with `last`, close the array.
