@@ -109,7 +109,8 @@ pub struct Config {
     /// by `BRAID_METRICS_ADDR`).
     pub metrics: bool,
     /// Serve the counts to Prometheus here (`BRAID_METRICS_ADDR`, `HOST:PORT`, the
-    /// port offset by the local rank; see [`crate::recorder::exporter`]).
+    /// port offset by the local rank; see [`crate::recorder::exporter`]); turns the
+    /// counting on.
     pub metrics_addr: Option<String>,
     /// Allowed transports, None for all.
     pub transports: Option<Vec<TransportKind>>,

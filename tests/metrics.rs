@@ -223,3 +223,14 @@ fn failures_are_counted_by_kind() {
         assert!(["mismatch", "peer-aborted"].contains(&kinds[0]), "{s:?}");
     });
 }
+
+/// An address set in code turns the counting on, as `BRAID_METRICS_ADDR` does.
+#[test]
+fn an_address_in_code_turns_the_counting_on() {
+    use braid::{Communicator, Config};
+    let mut cfg = Config::new(0, 1);
+    cfg.metrics_addr = Some("127.0.0.1:0".into());
+    let c = Communicator::in_process_with(cfg).unwrap().pop().unwrap();
+    c.barrier().unwrap();
+    assert_eq!(c.stats().expect("on").op(braid::OpKind::Barrier).map(|o| o.calls), Some(1));
+}

@@ -112,7 +112,8 @@ impl Engine {
                 aborted.time_rounds();
                 crate::recorder::timeline::Timeline::new(file, comm_id, rank)
             }),
-            metrics: cfg.metrics.then(|| Arc::new(crate::recorder::metrics::Metrics::new(comm_id, rank, world))),
+            metrics: (cfg.metrics || cfg.metrics_addr.is_some())
+                .then(|| Arc::new(crate::recorder::metrics::Metrics::new(comm_id, rank, world))),
             p2p_sent: vec![0; world],
             p2p_received: vec![0; world],
             timeout: cfg.timeout,
