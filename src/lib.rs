@@ -140,7 +140,7 @@ pub mod fault {
 
 pub use auth::JobKey;
 pub use comm::P2p;
-pub use comm::{Communicator, CommunicatorBuilder, Work};
+pub use comm::{Agreement, Communicator, CommunicatorBuilder, Work};
 pub use comm::{Scope, ScopedWork};
 pub use config::Config;
 pub use error::{Error, OpContext, Result};

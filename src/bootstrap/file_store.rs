@@ -183,6 +183,18 @@ impl Store for FileStore {
         Ok(next)
     }
 
+    fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        let path = self.key_path(key)?;
+        // Under the directory's lock, as `add`: every conditional set of every
+        // handle (and process) is ordered, and a plain write is one rename.
+        let _guard = self.lock()?;
+        if let Some(held) = self.read(key, &path)? {
+            return Ok(held);
+        }
+        self.write_atomic(key, &path, value)?;
+        Ok(value.to_vec())
+    }
+
     fn delete(&self, key: &str) -> Result<bool> {
         let path = self.key_path(key)?;
         match fs::remove_file(&path) {
@@ -310,6 +322,26 @@ mod tests {
         assert!(matches!(err, Error::Store(_)), "{err:?}");
         let msg = err.to_string();
         assert!(msg.contains("\"missing/key\"") && !msg.contains("\"here\""), "{msg}");
+    }
+
+    #[test]
+    fn concurrent_set_if_absent_from_many_handles_has_one_winner() {
+        let dir = TempDir::new("cas");
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let path = dir.0.clone();
+                std::thread::spawn(move || {
+                    let s = FileStore::open(&path).unwrap();
+                    (0..10).map(|k| s.set_if_absent(&format!("d/{k}"), format!("t{t}").as_bytes()).unwrap()).collect()
+                })
+            })
+            .collect();
+        let seen: Vec<Vec<Vec<u8>>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let s = FileStore::open(&dir.0).unwrap();
+        for k in 0..10 {
+            let stored = s.get(&format!("d/{k}")).unwrap().unwrap();
+            assert!(seen.iter().all(|v| v[k] == stored), "key d/{k}");
+        }
     }
 
     #[test]

@@ -72,6 +72,14 @@ impl Store for MemStore {
     fn delete(&self, key: &str) -> Result<bool> {
         Ok(self.lock().remove(key).is_some())
     }
+
+    fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        let mut map = self.lock();
+        let held = map.entry(key.to_owned()).or_insert_with(|| value.to_vec()).clone();
+        drop(map);
+        self.changed.notify_all();
+        Ok(held)
+    }
 }
 
 #[cfg(test)]

@@ -67,6 +67,9 @@ impl Store for HostedStore {
     fn delete(&self, key: &str) -> Result<bool> {
         self.client.delete(key)
     }
+    fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        self.client.set_if_absent(key, value)
+    }
 }
 
 /// What a launcher's variables said about the store, for the debug log.

@@ -68,6 +68,10 @@ impl Store for PrefixStore {
         self.inner.delete(&self.full_key(key))
     }
 
+    fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        self.inner.set_if_absent(&self.full_key(key), value)
+    }
+
     fn route_source(&self) -> Option<std::net::IpAddr> {
         self.inner.route_source()
     }

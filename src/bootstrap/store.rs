@@ -23,6 +23,20 @@ pub trait Store: Send + Sync {
     /// Remove `key`; returns whether it existed.
     fn delete(&self, key: &str) -> Result<bool>;
 
+    /// Set `key` to `value` only if it is absent, atomically with respect to every
+    /// other `set_if_absent` of the key, and return what the key holds afterwards:
+    /// `value` when this call set it, the earlier value otherwise. Of many ranks
+    /// proposing at once, all get the one value that was first: the agreement of
+    /// [`crate::Communicator::agree`] is built on it. Stores that cannot do this
+    /// atomically refuse with [`Error::Unsupported`] (the default).
+    fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        let _ = value;
+        Err(Error::Unsupported(format!(
+            "this store cannot set `{key}` only if absent, which agreeing on survivors needs \
+             (braid's tcp:// and file:// stores can)"
+        )))
+    }
+
     /// This process's address on its route to the store's server, when the store is
     /// reached over IP: TCP links listen there by default, since the hosts that reach
     /// the store reach it. None (the default) for stores without one.

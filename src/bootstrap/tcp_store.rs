@@ -480,6 +480,19 @@ impl Store for TcpStore {
         }
     }
 
+    fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        let what = format!("set `{key}` if absent");
+        if value.len() > MAX_VALUE {
+            return Err(self.error(&what, format!("value of {} bytes exceeds {MAX_VALUE}", value.len())));
+        }
+        let mut msg = key_msg(OP_SET_IF_ABSENT, key, 4 + value.len())?;
+        put_bytes(&mut msg, value);
+        match self.request(&what, &msg, self.timeout)? {
+            (ST_OK, body) => Ok(body),
+            (st, body) => Err(self.error(&what, unexpected(st, &body))),
+        }
+    }
+
     /// A client's: the local address of its connection. The hosting rank's own
     /// connection is over loopback, so it looks up the route to the address `HOST`
     /// resolves to now (None when it does not resolve yet).

@@ -66,6 +66,12 @@ pub(crate) struct Engine {
     /// Hosts whose ranks outnumber their cores (the tuner prices their rounds).
     pub(super) busy_hosts: Vec<bool>,
     pub(super) broken: Option<String>,
+    /// Collectives that completed on this rank: what it reports when the survivors
+    /// of a failure agree ([`crate::Communicator::agree`]).
+    pub(super) completed_calls: u64,
+    /// Peers whose links ended under a call ([`Error::PeerLost`]): this rank's
+    /// evidence, given to the agreement, that they are gone.
+    pub(super) lost_peers: Vec<usize>,
     /// Set by [`crate::Communicator::abort`] from any thread; the executor reads it
     /// once per pass of its transfer loop.
     pub(super) aborted: Arc<executor::CallFlags>,
@@ -126,6 +132,8 @@ impl Engine {
             hosts: vec![0; world],
             busy_hosts: vec![wait.yield_while_spinning],
             broken: None,
+            completed_calls: 0,
+            lost_peers: Vec::new(),
             aborted,
             scratch: Vec::new(),
             in_place_copy: Vec::new(),
@@ -343,6 +351,11 @@ impl Engine {
             result = Err(Error::Aborted { rank: self.rank, call: Some(sig) });
         }
         if let Err(e) = &result {
+            if let Error::PeerLost { peer, .. } = e {
+                if !self.lost_peers.contains(peer) {
+                    self.lost_peers.push(*peer);
+                }
+            }
             self.fail(e.to_string());
         }
         result
@@ -363,6 +376,12 @@ impl Engine {
     /// Tell every peer why this rank stops, close the links, refuse later calls.
     pub(super) fn fail(&mut self, reason: String) {
         tracing::error!(rank = self.rank, "{reason}");
+        // Before the links close: which peers are already gone without a word.
+        for (peer, ch) in self.channels.iter_mut().enumerate() {
+            if ch.as_mut().is_some_and(|c| c.peer_gone()) && !self.lost_peers.contains(&peer) {
+                self.lost_peers.push(peer);
+            }
+        }
         let give_up = std::time::Instant::now() + executor::CONTROL_GRACE;
         for ch in self.channels.iter_mut().flatten() {
             ch.send_control_and_close(FrameKind::Abort, self.comm_id, self.epoch, &reason, give_up);
@@ -475,6 +494,9 @@ impl Engine {
         self.scratch = std::mem::take(&mut bufs.scratch);
         if device.is_some() {
             self.device_scratch = bufs.device_scratch.take();
+        }
+        if r.is_ok() {
+            self.completed_calls += 1;
         }
         settle(r, &bufs)
     }

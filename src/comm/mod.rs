@@ -34,6 +34,7 @@ mod engine;
 mod p2p_group;
 mod panic_note;
 mod rooted_raw;
+mod shrink;
 mod split;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -48,6 +49,7 @@ use std::thread::JoinHandle;
 pub use async_borrowed::{Scope, ScopedWork};
 pub use builder::CommunicatorBuilder;
 pub use p2p_group::P2p;
+pub use shrink::Agreement;
 
 use crate::algorithm::{Algorithm, Schedule};
 use crate::bootstrap::Store;
@@ -131,6 +133,8 @@ pub struct Communicator {
     origin: Origin,
     /// Splits and dups so far (names each child's store namespace).
     splits: AtomicU64,
+    /// Agreements so far ([`Communicator::agree`]; names each one's store keys).
+    agreements: AtomicU64,
     /// `new_group` calls so far, by rank list: only the listed ranks count them.
     groups: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
     comm_id: u32,
@@ -187,7 +191,12 @@ impl Communicator {
         // keeps them apart from another process's groups.
         static NEXT_GROUP: AtomicU64 = AtomicU64::new(0);
         let prefix = format!("inproc/{}", NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
-        let group = Arc::new(InProcGroup::new(prefix, crate::auth::random_bytes::<16>(), cfg.clone()));
+        let group = Arc::new(InProcGroup::new(
+            prefix,
+            crate::auth::random_bytes::<16>(),
+            cfg.clone(),
+            Arc::new(crate::bootstrap::MemStore::new()),
+        ));
         let wait = WaitPolicy::for_ranks(world).with_spin(cfg.tuning.spin);
         LoopbackLink::mesh(world)
             .into_iter()
@@ -264,6 +273,7 @@ impl Communicator {
             core: Arc::new(Core { rank, world, shared: Shared::new(engine, aborted) }),
             origin: Origin::Links,
             splits: AtomicU64::new(0),
+            agreements: AtomicU64::new(0),
             groups: Mutex::new(std::collections::HashMap::new()),
             comm_id,
             transports,

@@ -36,14 +36,27 @@ pub(super) struct InProcGroup {
     /// differ from those of another process with the same prefixes.
     nonce: [u8; 16],
     cfg: Config,
+    /// Where the group's threads agree after a failure ([`Communicator::agree`]),
+    /// shared with its sub-groups (keys are under each group's prefix).
+    pub(super) store: Arc<crate::bootstrap::MemStore>,
     /// Meshes of sub-groups being formed, by prefix: the first member to arrive
     /// creates the mesh; each takes its row; the last removes the entry.
     forming: Mutex<HashMap<String, Forming>>,
 }
 
 impl InProcGroup {
-    pub(super) fn new(prefix: String, nonce: [u8; 16], cfg: Config) -> InProcGroup {
-        InProcGroup { prefix, nonce, cfg, forming: Mutex::new(HashMap::new()) }
+    pub(super) fn new(
+        prefix: String,
+        nonce: [u8; 16],
+        cfg: Config,
+        store: Arc<crate::bootstrap::MemStore>,
+    ) -> InProcGroup {
+        InProcGroup { prefix, nonce, cfg, store, forming: Mutex::new(HashMap::new()) }
+    }
+
+    /// This group's namespace.
+    pub(super) fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// The id of this group's communicators.
@@ -52,12 +65,12 @@ impl InProcGroup {
     }
 
     /// Rank `rank` of the `world`-rank sub-group `name`.
-    fn join(&self, name: &str, rank: usize, world: usize) -> Result<Communicator> {
+    pub(super) fn join(&self, name: &str, rank: usize, world: usize) -> Result<Communicator> {
         let (group, row) = {
             let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
             let (group, rows) = forming.entry(name.to_string()).or_insert_with(|| {
                 let prefix = format!("{}/{name}", self.prefix);
-                let group = Arc::new(InProcGroup::new(prefix, self.nonce, self.cfg.clone()));
+                let group = Arc::new(InProcGroup::new(prefix, self.nonce, self.cfg.clone(), self.store.clone()));
                 (group, LoopbackLink::mesh(world).into_iter().map(Some).collect())
             });
             let row = match rows.get_mut(rank).and_then(Option::take) {
@@ -209,7 +222,7 @@ impl Communicator {
 
     /// Rank `new_rank` of the `sub_world`-rank child `name` (under this
     /// communicator's namespace), formed with the other ranks that join `name`.
-    fn child(&self, name: &str, new_rank: usize, sub_world: usize) -> Result<Communicator> {
+    pub(super) fn child(&self, name: &str, new_rank: usize, sub_world: usize) -> Result<Communicator> {
         match &self.origin {
             Origin::Store(o) => {
                 let mut cfg = o.cfg.clone();
@@ -229,7 +242,7 @@ impl Communicator {
 
 /// A rank list as a store-key component: the ranks themselves while short, their
 /// number and a hash of them beyond.
-fn list_name(ranks: &[usize]) -> String {
+pub(super) fn list_name(ranks: &[usize]) -> String {
     let text = ranks.iter().map(usize::to_string).collect::<Vec<_>>().join(".");
     if text.len() <= 64 {
         return text;

@@ -169,6 +169,13 @@ pub trait PeerChannel: Send {
     /// that it leaves (`Goodbye`), then close the sending side.
     fn send_control_and_close(&mut self, kind: FrameKind, comm_id: u32, epoch: u8, reason: &str, give_up: Instant);
 
+    /// Whether the peer is known to be gone without a word (its process died or
+    /// its link was dropped), looked at without blocking: evidence for the
+    /// survivors' agreement ([`crate::Communicator::agree`]). False when unknown.
+    fn peer_gone(&mut self) -> bool {
+        false
+    }
+
     /// Every receive from the peer that this call will post is posted (the
     /// executor says so in the round of the last one, before driving it). A
     /// channel that maps the peer's memory closes those mappings once the work

@@ -316,6 +316,10 @@ impl PeerChannel for StagedChannel<'_> {
         self.inner.send_control_and_close(kind, comm_id, epoch, reason, give_up);
     }
 
+    fn peer_gone(&mut self) -> bool {
+        self.inner.peer_gone()
+    }
+
     fn wait_slot(&mut self) -> Option<&mut super::wait_chain::WaitSlot> {
         self.inner.wait_slot()
     }

@@ -159,6 +159,11 @@ impl Link for LoopbackLink {
         self.tx.close();
     }
 
+    fn peer_gone(&mut self) -> bool {
+        // A dropped end closes its reader too; a failing peer closes only its writer.
+        self.tx.is_reader_closed()
+    }
+
     fn can_read_peer(&self) -> bool {
         // Both ends are threads of this process: the peer's memory is our memory.
         true

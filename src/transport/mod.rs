@@ -208,6 +208,14 @@ pub trait Link: Send {
     /// Stop sending: the peer reads end-of-stream after the bytes already written.
     fn close(&mut self);
 
+    /// Whether the peer's end is known to be gone, looked at without blocking or
+    /// consuming anything: its process died or its link was dropped (not merely
+    /// closed for writing, which is how a failing peer says it stops). False when
+    /// unknown. The evidence a failed rank gives its survivors' agreement.
+    fn peer_gone(&mut self) -> bool {
+        false
+    }
+
     /// Whether [`Link::peek`] works on this link.
     fn can_peek(&self) -> bool {
         false

@@ -269,7 +269,7 @@ impl ShmLink {
         (&words[self.side], &words[1 - self.side])
     }
 
-    fn peer_gone(&self) -> io::Error {
+    fn gone_error(&self) -> io::Error {
         io::Error::new(
             io::ErrorKind::UnexpectedEof,
             format!("rank {} (pid {}) exited without closing its shared-memory link", self.peer, self.peer_pid),
@@ -299,7 +299,7 @@ impl Link for ShmLink {
         }
         let n = self.tx.write(bufs).map_err(|e| self.broke_protocol(e))?;
         if n == 0 && bufs.iter().any(|b| !b.is_empty()) && self.check_due() && !self.watch.alive() {
-            return Err(self.peer_gone());
+            return Err(self.gone_error());
         }
         Ok(n)
     }
@@ -318,7 +318,7 @@ impl Link for ShmLink {
         if self.check_due() && !self.watch.alive() {
             // What it wrote before dying is still good: hand that out first.
             return match self.rx.read(buf).map_err(|e| self.broke_protocol(e))? {
-                0 => Err(self.peer_gone()),
+                0 => Err(self.gone_error()),
                 n => Ok(n),
             };
         }
@@ -340,7 +340,7 @@ impl Link for ShmLink {
                 ));
             }
             if self.check_due() && !self.watch.alive() && self.rx.is_empty() {
-                return Err(self.peer_gone());
+                return Err(self.gone_error());
             }
         }
         let peer = self.peer;
@@ -353,6 +353,10 @@ impl Link for ShmLink {
 
     fn poll_fd(&self) -> Option<RawFd> {
         None
+    }
+
+    fn peer_gone(&mut self) -> bool {
+        self.tx.is_reader_closed() || !self.watch.alive()
     }
 
     fn close(&mut self) {

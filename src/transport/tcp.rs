@@ -196,6 +196,18 @@ impl Link for TcpLink {
         // ENOTCONN after a reset is fine: the peer is gone either way.
         let _ = self.sock.shutdown(std::net::Shutdown::Write);
     }
+
+    /// Reset, or ended with nothing left to read. A failing peer sends an abort
+    /// frame before it ends its side, so that frame is still to read here unless
+    /// the channel read it already (and then the channel knows better).
+    fn peer_gone(&mut self) -> bool {
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        match self.sock.peek(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted),
+        }
+    }
 }
 
 /// Stream options every data socket gets.

@@ -45,6 +45,52 @@ pub struct DrillArgs {
     /// scraper (BRAID_METRICS_ADDR) or a person to look at it
     #[arg(long, default_value_t = 0)]
     pub linger: u64,
+    /// When a call fails, agree with the survivors and shrink to them
+    /// (`Communicator::shrink`), then check an all-reduce on the shrunk
+    /// communicator: every survivor adds rank + 1 of its old rank, exactly
+    #[arg(long)]
+    pub shrink: bool,
+}
+
+/// After call `i` failed with `e`: shrink to the survivors and check an exact
+/// all-reduce on them; the exit code.
+fn shrink_and_check(comm: &Communicator, i: usize, e: &braid::Error) -> i32 {
+    let me = comm.rank();
+    println!("rank {me}: call {i} failed: {e}");
+    let started = std::time::Instant::now();
+    let agreement = match comm.agree() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("braid drill: rank {me}: agree: {e}");
+            return 1;
+        }
+    };
+    let small = match comm.shrink_to(&agreement) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("braid drill: rank {me}: shrink: {e}");
+            return 1;
+        }
+    };
+    let want: i64 = agreement.live.iter().map(|&r| r as i64 + 1).sum();
+    let mut v = vec![me as i64 + 1; 1001];
+    if let Err(e) = small.all_reduce_in_place(&mut v, braid::ReduceOp::Sum) {
+        eprintln!("braid drill: rank {me}: all-reduce after the shrink: {e}");
+        return 1;
+    }
+    if let Some(bad) = v.iter().position(|&x| x != want) {
+        eprintln!("braid drill: rank {me}: after the shrink, element {bad} is {} not {want}", v[bad]);
+        return 1;
+    }
+    println!(
+        "rank {me}: shrunk to {} ranks {:?} as rank {} after {} completed calls in {:.3} s; sum {want} ok",
+        small.world_size(),
+        agreement.live,
+        small.rank(),
+        agreement.completed_calls,
+        started.elapsed().as_secs_f64()
+    );
+    0
 }
 
 /// `RANK:CALL[:REST]` of a drill flag.
@@ -133,6 +179,9 @@ pub fn run(a: DrillArgs) -> i32 {
             _ => calls[i % calls.len()],
         };
         if let Err(e) = one_call(&comm, op, a.count) {
+            if a.shrink {
+                return shrink_and_check(&comm, i, &e);
+            }
             eprintln!("braid drill: rank {me}: call {i} ({op}): {e}");
             return 1;
         }

@@ -175,6 +175,18 @@ impl Shared {
             Request::Delete(key) => (ST_OK, vec![lock(&self.data).remove(&key) as u8]),
             Request::Wait(keys, timeout) => self.wait(&keys, timeout),
             Request::Ping => (ST_OK, Vec::new()),
+            Request::SetIfAbsent(key, value) => {
+                let mut data = lock(&self.data);
+                if let Some(held) = data.map.get(&key) {
+                    return (ST_OK, held.clone());
+                }
+                if let Err(msg) = data.put(key, value.clone(), cap) {
+                    return (ST_ERROR, msg.into_bytes());
+                }
+                drop(data);
+                self.changed.notify_all();
+                (ST_OK, value)
+            }
         }
     }
 

@@ -155,6 +155,31 @@ fn concurrent_add_from_8_threads_counts_exactly() {
     assert_eq!(shared.add("n", 0).unwrap(), 800);
 }
 
+#[test]
+fn concurrent_set_if_absent_gives_every_thread_the_first_value() {
+    let (server, shared) = server_and_client();
+    let addr = server.local_addr().to_string();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let s = TcpStore::connect(&addr, key(), Duration::from_secs(5)).unwrap();
+                (0..20).map(|k| s.set_if_absent(&format!("d{k}"), format!("t{t}").as_bytes()).unwrap()).collect()
+            })
+        })
+        .collect();
+    let seen: Vec<Vec<Vec<u8>>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for k in 0..20 {
+        let stored = shared.get(&format!("d{k}")).unwrap().unwrap();
+        assert!(stored.starts_with(b"t"), "{stored:?}");
+        // Every thread saw the value that stayed: one winner per key.
+        assert!(seen.iter().all(|s| s[k] == stored), "key d{k}");
+    }
+    // A plain set still overwrites; a conditional one then reads that value.
+    shared.set("d0", b"x").unwrap();
+    assert_eq!(shared.set_if_absent("d0", b"y").unwrap(), b"x");
+}
+
 /// Read until the server closes `raw`; the bytes it sent. Panics if it stays open for 5 s.
 fn read_to_close(raw: &mut TcpStream) -> Vec<u8> {
     raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

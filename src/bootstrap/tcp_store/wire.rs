@@ -36,6 +36,8 @@ pub(super) const OP_ADD: u8 = 3;
 pub(super) const OP_DELETE: u8 = 4;
 pub(super) const OP_WAIT: u8 = 5;
 pub(super) const OP_PING: u8 = 6;
+/// Set a key only if it is absent; the reply holds the key's value afterwards.
+pub(super) const OP_SET_IF_ABSENT: u8 = 7;
 
 pub(super) const ST_OK: u8 = 0;
 pub(super) const ST_ABSENT: u8 = 1;
@@ -156,6 +158,7 @@ pub(super) enum Request {
     Delete(String),
     Wait(Vec<String>, Duration),
     Ping,
+    SetIfAbsent(String, Vec<u8>),
 }
 
 /// The next request, or None when the peer closed the connection between requests.
@@ -210,6 +213,7 @@ pub(super) fn read_body(op: u8, r: &mut impl Read) -> io::Result<Request> {
             Request::Wait(keys, Duration::from_millis(u64::from_le_bytes(read_array(r)?)))
         }
         OP_PING => Request::Ping,
+        OP_SET_IF_ABSENT => Request::SetIfAbsent(read_key(r)?, read_bytes(r, MAX_VALUE, "value")?),
         other => return Err(invalid(format!("unknown opcode {other:#04x}"))),
     })
 }

@@ -383,6 +383,16 @@ impl PeerChannel for StreamChannel {
         Readiness::Fd { fd, events }
     }
 
+    fn peer_gone(&mut self) -> bool {
+        // A peer that said goodbye closed its communicator: it will not agree
+        // either. One that aborted is alive, failing as this rank is.
+        match &self.rx {
+            Rx::Gone(Gone::Lost(..) | Gone::Goodbye) => true,
+            Rx::Gone(Gone::Aborted(_)) => false,
+            _ => self.link.peer_gone(),
+        }
+    }
+
     /// Bounded in time: `give_up` is shared by all the channels a rank closes at
     /// once, so closing many full links still takes at most
     /// [`CONTROL_GRACE`](super::CONTROL_GRACE) in all.

@@ -1,0 +1,170 @@
+//! Survivors of lost ranks agree and shrink (issue 38, item 3): over in-process,
+//! shared-memory and TCP links, at 3 to 8 ranks, one or two ranks gone before or
+//! after a call, and processes killed with SIGKILL in the middle of a stream of
+//! calls. The shrunk communicator must sum exactly.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use braid::{Agreement, ReduceOp};
+use common::bounded::{rank_command, spawn_group, wait_bounded};
+use common::{comms, on_ranks, Net};
+
+/// When the lost ranks go.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// They never enter call 2: the others are in it, waiting for them.
+    BeforeCall,
+    /// They finish call 2 and go: the others' call 3 fails.
+    AfterCall,
+}
+
+/// What a survivor saw: its old rank, the agreement, its new rank and world, the sum.
+type Seen = Option<(usize, Agreement, usize, usize, Vec<i64>)>;
+
+fn lose_and_shrink(net: Net, world: usize, lost: &[usize], phase: Phase) {
+    let started = Instant::now();
+    let lost_list = lost.to_vec();
+    let timeout = Duration::from_secs(10);
+    let seen: Vec<Seen> = on_ranks(comms(net, world, timeout), move |comm| {
+        let rank = comm.rank();
+        let gone = lost_list.contains(&rank);
+        let mut v = vec![rank as i64 + 1; 17];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        if gone && matches!(phase, Phase::BeforeCall) {
+            return None;
+        }
+        let mut v = vec![rank as i64 + 1; 4099];
+        let second = comm.all_reduce_in_place(&mut v, ReduceOp::Sum);
+        if gone {
+            second.unwrap();
+            return None;
+        }
+        if matches!(phase, Phase::AfterCall) && second.is_ok() {
+            let mut v = vec![rank as i64 + 1; 17];
+            assert!(comm.all_reduce_in_place(&mut v, ReduceOp::Sum).is_err(), "rank {rank}: a call with gone peers");
+        }
+        let agreement = comm.agree().unwrap();
+        let small = comm.shrink_to(&agreement).unwrap();
+        let mut v = vec![rank as i64 + 1; 1001];
+        small.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        Some((rank, agreement, small.rank(), small.world_size(), v))
+    });
+    let survivors: Vec<usize> = (0..world).filter(|r| !lost.contains(r)).collect();
+    let want: i64 = survivors.iter().map(|&r| r as i64 + 1).sum();
+    let what = format!("{net:?}, {world} ranks, lost {lost:?} {phase:?}");
+    let mut agreements = Vec::new();
+    for s in seen.into_iter().flatten() {
+        let (old, agreement, new_rank, new_world, v) = s;
+        assert_eq!(agreement.live, survivors, "{what}: rank {old}");
+        assert_eq!(new_world, survivors.len(), "{what}");
+        assert_eq!(survivors[new_rank], old, "{what}: new ranks follow the old order");
+        assert!(v.iter().all(|&x| x == want), "{what}: rank {old} summed {} not {want}", v[0]);
+        agreements.push(agreement);
+    }
+    assert_eq!(agreements.len(), survivors.len(), "{what}");
+    // One agreement: the same call count everywhere, and at least the first call.
+    assert!(agreements.windows(2).all(|w| w[0] == w[1]), "{what}: {agreements:?}");
+    assert!(agreements[0].completed_calls >= 1, "{what}: {agreements:?}");
+    // Never past the deadline. One lost rank is always seen by its peers' links, so
+    // nobody waits for the deadline; of two, over TCP, the second may have left
+    // its goodbye unread on every survivor's socket, and is then waited for.
+    let spent = started.elapsed();
+    assert!(spent < timeout + Duration::from_secs(10), "{what}: took {spent:?}");
+    if lost.len() == 1 {
+        assert!(spent < Duration::from_secs(5), "{what}: took {spent:?}");
+    }
+}
+
+fn grid(net: Net) {
+    for world in [3, 5, 8] {
+        for lost in [vec![world - 1], vec![1, world - 2]] {
+            if lost.len() + 1 >= world {
+                continue;
+            }
+            for phase in [Phase::BeforeCall, Phase::AfterCall] {
+                lose_and_shrink(net, world, &lost, phase);
+            }
+        }
+    }
+}
+
+#[test]
+fn survivors_shrink_and_sum_exactly_inproc() {
+    grid(Net::InProc);
+}
+
+#[test]
+fn survivors_shrink_and_sum_exactly_shm() {
+    grid(Net::Shm);
+}
+
+#[test]
+fn survivors_shrink_and_sum_exactly_tcp() {
+    grid(Net::Tcp);
+}
+
+/// Every rank alive: agreeing lists everyone, and the shrunk communicator is the
+/// whole group again with a new id.
+#[test]
+fn agreeing_without_a_failure_keeps_everyone() {
+    let out = on_ranks(comms(Net::InProc, 4, Duration::from_secs(20)), |comm| {
+        let mut v = vec![1i32; 5];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        let a = comm.agree().unwrap();
+        let again = comm.shrink().unwrap();
+        let mut v = vec![comm.rank() as i32; 5];
+        again.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        (a, again.rank(), again.id() != comm.id(), v[0])
+    });
+    for (rank, (a, new_rank, new_id, sum)) in out.into_iter().enumerate() {
+        assert_eq!(a, Agreement { round: 0, live: vec![0, 1, 2, 3], completed_calls: 1 });
+        assert_eq!((new_rank, new_id, sum), (rank, true, 6));
+    }
+}
+
+/// Real processes over `transport`, meeting at a file store (which outlives any of
+/// them): rank `victim` is killed with SIGKILL while every rank runs a stream of
+/// 4 MiB all-reduces; the others shrink (`braid drill --shrink`) and sum exactly.
+fn kill_mid_stream(transport: &str, world: usize, victim: usize) {
+    let dir = std::env::temp_dir().join(format!("braid-shrink-{transport}-{}-{world}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("file://{}", dir.display());
+    let args = ["drill", "--calls", "all-reduce", "--repeat", "100000", "--count", "1048576", "--shrink"];
+    let mut children: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut cmd = rank_command(env!("CARGO_BIN_EXE_braid"), &args, (rank, world), &store, "shrink-test");
+            cmd.env("BRAID_TRANSPORTS", transport).env("BRAID_TIMEOUT", "30");
+            cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            Some(spawn_group(&mut cmd))
+        })
+        .collect();
+    // Let the calls run, then kill the victim in the middle of them.
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim_child = children[victim].take().unwrap();
+    common::bounded::signal_group(&victim_child, libc::SIGKILL);
+    let _ = wait_bounded(victim_child, Duration::from_secs(10));
+    let what = format!("{transport}, {world} processes, rank {victim} killed");
+    for (rank, child) in children.into_iter().enumerate() {
+        let Some(child) = child else { continue };
+        let out = wait_bounded(child, Duration::from_secs(60));
+        assert!(out.ok(), "{what}: rank {rank}:\n{}", out.dump());
+        let text = out.dump();
+        let live: Vec<String> = (0..world).filter(|&r| r != victim).map(|r| r.to_string()).collect();
+        let expected = format!("shrunk to {} ranks [{}]", world - 1, live.join(", "));
+        assert!(text.contains(&expected), "{what}: rank {rank}:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_process_killed_mid_stream_is_left_behind_shm() {
+    kill_mid_stream("shm", 4, 2);
+}
+
+#[test]
+fn a_process_killed_mid_stream_is_left_behind_tcp() {
+    kill_mid_stream("tcp", 3, 0);
+}
