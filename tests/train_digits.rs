@@ -256,3 +256,37 @@ fn multi_worker_joins_a_job_described_by_tf_config() {
     assert!(outs[1].status.success(), "{}", String::from_utf8_lossy(&outs[1].stderr));
     assert!(stdout(&outs[0]).contains("replicas=2"), "{}", stdout(&outs[0]));
 }
+
+/// Issue 38, item 1: four workers, one killed with SIGKILL mid-epoch 3 and
+/// another mid-epoch 5; the two survivors train all 20 epochs, no step is lost,
+/// and, since every step is the mean gradient over the global batch whatever the
+/// replica count, the run ends where one device does.
+#[test]
+fn elastic_multi_worker_training_survives_two_killed_workers() {
+    let common = ["--epochs", "20", "--global-batch", "32", "--seed", "1"];
+    let one = example_run(&[&["--strategy", "one-device"][..], &common].concat(), &[]);
+    let one_line = final_line(&one);
+    let args = [&["--strategy", "multi-worker", "--replicas", "4", "--elastic", "--min-replicas", "2"][..], &common];
+    let run = example_run(&args.concat(), &[("TRAIN_DIGITS_KILL", "1:3:10,2:5:10")]);
+    let line = final_line(&run);
+    let out = stdout(&run);
+    assert!(accuracy_of(&line) >= 0.93, "{out}");
+    assert!(out.contains("steps=900 expected=900"), "{out}");
+    assert!(out.contains("launcher: ranks [1, 2] were killed"), "{out}");
+    let recoveries: Vec<&str> = out.lines().filter(|l| l.starts_with("recovery: ")).collect();
+    assert_eq!(recoveries.len(), 2, "{out}");
+    assert!(recoveries[0].contains("replicas 4 -> 3") && recoveries[1].contains("replicas 3 -> 2"), "{out}");
+    for l in 1..=20 {
+        assert!(out.contains(&format!("epoch {l} loss=")), "epoch {l} missing:\n{out}");
+    }
+    let loss =
+        |l: &str| -> f64 { l.split("loss=").nth(1).and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap() };
+    assert!((loss(&line) - loss(&one_line)).abs() <= 1e-4, "elastic {line} against one device {one_line}");
+    // Below the minimum the job fails instead of going on.
+    let too_few = example_run(
+        &[&["--strategy", "multi-worker", "--replicas", "3", "--elastic", "--min-replicas", "3"][..], &common].concat(),
+        &[("TRAIN_DIGITS_KILL", "2:1:5")],
+    );
+    assert!(!too_few.status.success(), "{}", stdout(&too_few));
+    assert!(String::from_utf8_lossy(&too_few.stderr).contains("fewer than the minimum of 3"), "{}", stdout(&too_few));
+}

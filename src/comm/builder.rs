@@ -489,7 +489,7 @@ fn install_probed_model(comm: &Communicator, cfg: &Config, scoped: &PrefixStore,
     Ok(())
 }
 
-fn install_model(comm: &Communicator, model: crate::tuner::CostModel, source: crate::tuner::ProbeSource) {
+pub(super) fn install_model(comm: &Communicator, model: crate::tuner::CostModel, source: crate::tuner::ProbeSource) {
     let mut e = comm.core.shared.lock_engine();
     e.tuner.model = model;
     e.tuner.source = source;

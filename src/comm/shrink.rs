@@ -100,7 +100,9 @@ impl Communicator {
     /// survivor calls it; this communicator stays broken.
     ///
     /// The new communicator has its own id, so frames of this one are refused on
-    /// it, and the settings this one was built with. If a survivor dies while it
+    /// it, the settings this one was built with, and the link costs this one's
+    /// tuner measured (no start-up probe). Its links are new: a failure closes all
+    /// of a communicator's links, so there are none to keep. If a survivor dies while it
     /// forms, forming fails at the timeout; calling `shrink` again (on this
     /// communicator) leaves that rank out too.
     ///
@@ -119,7 +121,12 @@ impl Communicator {
         })?;
         let name = format!("shrink{}/{}", agreement.round, list_name(&agreement.live));
         tracing::info!(rank = self.rank(), new_rank, world = agreement.live.len(), name, "shrink");
-        self.child(&name, new_rank, agreement.live.len())
+        // The links' costs were measured when this communicator formed and have not
+        // changed: the survivors keep them instead of probing again (seconds).
+        let (tuner, _, _) = self.tuner();
+        let child = self.child_probing(&name, new_rank, agreement.live.len(), false)?;
+        super::builder::install_model(&child, tuner.model, tuner.source);
+        Ok(child)
     }
 
     /// The store the agreement runs through and its namespace for this communicator.

@@ -223,11 +223,24 @@ impl Communicator {
     /// Rank `new_rank` of the `sub_world`-rank child `name` (under this
     /// communicator's namespace), formed with the other ranks that join `name`.
     pub(super) fn child(&self, name: &str, new_rank: usize, sub_world: usize) -> Result<Communicator> {
+        self.child_probing(name, new_rank, sub_world, true)
+    }
+
+    /// [`Communicator::child`]; without `probe`, a store-built child skips the
+    /// tuner's start-up probe (its caller installs a model instead).
+    pub(super) fn child_probing(
+        &self,
+        name: &str,
+        new_rank: usize,
+        sub_world: usize,
+        probe: bool,
+    ) -> Result<Communicator> {
         match &self.origin {
             Origin::Store(o) => {
                 let mut cfg = o.cfg.clone();
                 cfg.rank = new_rank;
                 cfg.world_size = sub_world;
+                cfg.tuner_probe &= probe;
                 // A fault plan names ranks and links of the parent, not of its children.
                 cfg.fault = None;
                 connect(cfg, o.store.clone(), format!("{}/{name}", o.prefix), o.label.clone())

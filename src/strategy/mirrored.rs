@@ -34,10 +34,10 @@ pub enum CrossReplica {
 
 /// One replica of a synchronous strategy: its communicator (inside a fuser) and
 /// its copy of the variables.
-struct SyncReplica {
-    id: usize,
+pub(super) struct SyncReplica {
+    pub(super) id: usize,
     fuser: Fuser,
-    vars: Tensors,
+    pub(super) vars: Tensors,
     how: CrossReplica,
 }
 
@@ -48,14 +48,19 @@ impl SyncReplica {
         let mut flat = flatten(&vars);
         comm.broadcast(&mut flat, 0)?;
         let vars = unflatten(&flat, &vars);
-        Ok(SyncReplica { id: comm.rank(), fuser: Fuser::new(comm, fusion), vars, how })
+        Ok(SyncReplica::with_vars(comm, vars, how, fusion))
     }
 
-    fn comm(&self) -> &Communicator {
+    /// A replica over `comm` keeping `vars` as they are (equal on every replica).
+    pub(super) fn with_vars(comm: Communicator, vars: Tensors, how: CrossReplica, fusion: FusionConfig) -> SyncReplica {
+        SyncReplica { id: comm.rank(), fuser: Fuser::new(comm, fusion), vars, how }
+    }
+
+    pub(super) fn comm(&self) -> &Communicator {
         self.fuser.communicator()
     }
 
-    fn step(
+    pub(super) fn step(
         &mut self,
         share: Range<usize>,
         global_batch: usize,
@@ -206,16 +211,35 @@ impl Strategy for Mirrored {
 
 /// One replica per process (any hosts): the communicator is the job's, from the
 /// environment (`braid run`, torchrun, mpirun, Slurm) or built by the caller.
+///
+/// With [`MultiWorkerMirrored::elastic`], losing a worker does not end training:
+/// see [`super::elastic`].
 pub struct MultiWorkerMirrored {
-    replica: SyncReplica,
+    pub(super) replica: SyncReplica,
+    pub(super) fusion: FusionConfig,
+    /// `Some(min_replicas)` when elastic.
+    pub(super) elastic: Option<usize>,
+    /// Steps this replica completed (applied), and the last one's mean loss.
+    pub(super) steps_done: u64,
+    pub(super) last_loss: f64,
+    /// What each recovery did, in order.
+    pub(super) recoveries: Vec<super::elastic::Recovery>,
 }
 
 impl MultiWorkerMirrored {
     /// This process's replica over `comm`, starting from rank 0's `vars`, with
     /// gradients all-reduced through a fuser (settings from the environment).
     pub fn new(comm: Communicator, vars: Tensors) -> Result<MultiWorkerMirrored> {
-        let replica = SyncReplica::new(comm, vars, CrossReplica::AllReduce, FusionConfig::from_env()?)?;
-        Ok(MultiWorkerMirrored { replica })
+        let fusion = FusionConfig::from_env()?;
+        let replica = SyncReplica::new(comm, vars, CrossReplica::AllReduce, fusion)?;
+        Ok(MultiWorkerMirrored {
+            replica,
+            fusion,
+            elastic: None,
+            steps_done: 0,
+            last_loss: f64::NAN,
+            recoveries: Vec::new(),
+        })
     }
 
     /// [`MultiWorkerMirrored::new`] over [`Communicator::from_env`].
@@ -241,7 +265,13 @@ impl Strategy for MultiWorkerMirrored {
     }
     fn step(&mut self, global_batch: usize, step: &StepFn<'_>, apply: &ApplyFn<'_>) -> Result<f64> {
         let share = self.split_batch(global_batch)[self.replica.id].clone();
-        self.replica.step(share, global_batch, step, apply)
+        match self.replica.step(share, global_batch, step, apply) {
+            Ok(loss) => Ok(self.stepped(loss)),
+            Err(e) => match self.elastic {
+                Some(min) => self.recover(e, min, global_batch, step, apply),
+                None => Err(e),
+            },
+        }
     }
     fn reduce(&mut self, op: Reduction, local: &[f64]) -> Result<f64> {
         let [value] = local else {

@@ -18,11 +18,12 @@
 //! | [`ParameterServer`] | one per process, any hosts | asynchronous: workers push to and pull from the servers' shards, never waiting for each other |
 //!
 //! Files: `mod.rs` the trait and shared pieces; `one_device.rs`; `mirrored.rs`
-//! (mirrored and multi-worker); `central_storage.rs`; `parameter_server.rs`;
-//! `checkpoint.rs`.
+//! (mirrored and multi-worker); `elastic.rs` (multi-worker going on without lost
+//! workers); `central_storage.rs`; `parameter_server.rs`; `checkpoint.rs`.
 
 mod central_storage;
 mod checkpoint;
+pub mod elastic;
 mod mirrored;
 mod one_device;
 mod parameter_server;
@@ -32,6 +33,7 @@ use std::path::Path;
 
 pub use central_storage::CentralStorage;
 pub use checkpoint::{read_checkpoint, write_checkpoint, Checkpoint};
+pub use elastic::Recovery;
 pub use mirrored::{CrossReplica, Mirrored, MultiWorkerMirrored};
 pub use one_device::OneDevice;
 pub use parameter_server::{ParameterServer, ServeReport};

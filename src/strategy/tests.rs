@@ -6,14 +6,14 @@ use crate::comm::Communicator;
 
 /// A least-squares linear model over a fixed synthetic set: 3 weights and a bias.
 const FEATURES: usize = 3;
-const EXAMPLES: usize = 24;
+pub(super) const EXAMPLES: usize = 24;
 
 fn example(i: usize) -> ([f32; FEATURES], f32) {
     let x = [(i % 5) as f32 * 0.5, (i % 3) as f32 - 1.0, ((i * 7) % 11) as f32 * 0.1];
     (x, 2.0 * x[0] - x[1] + 0.5 * x[2] + 0.25)
 }
 
-fn init() -> Tensors {
+pub(super) fn init() -> Tensors {
     vec![vec![0.1, -0.2, 0.3], vec![0.0]]
 }
 
@@ -51,6 +51,18 @@ fn train(s: &mut dyn Strategy, epochs: usize, batch: usize) -> Vec<f64> {
         }
     }
     losses
+}
+
+/// For other strategies' tests: the gradients of the batch starting at `start`,
+/// the update, and the one-device run they are compared with.
+pub(super) fn example_grads(start: usize) -> impl Fn(&Replica<'_>) -> Gradients + Sync {
+    grads_of(start)
+}
+pub(super) fn sgd_step(vars: &mut Tensors, grads: &Tensors) {
+    sgd(vars, grads)
+}
+pub(super) fn one_device_run(epochs: usize, batch: usize) -> (Tensors, Vec<f64>) {
+    reference(epochs, batch)
 }
 
 fn max_diff(a: &Tensors, b: &Tensors) -> f32 {

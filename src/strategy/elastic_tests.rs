@@ -1,0 +1,81 @@
+use super::super::tests::{example_grads, init, one_device_run, sgd_step, EXAMPLES};
+use super::*;
+use crate::comm::Communicator;
+use crate::strategy::Tensors;
+
+/// Four workers as threads; `leave[r]` is the step before which worker r's
+/// replica is dropped (its links end, as a killed process's do). The rest run
+/// every step of 5 epochs in global batches of 8: 15 steps.
+/// A surviving worker's weights, per-step losses and recoveries.
+type Survived = Option<(Tensors, Vec<f64>, Vec<Recovery>)>;
+
+fn run_with_losses(leave: [Option<usize>; 4], min: usize) -> Vec<Survived> {
+    let comms = Communicator::in_process(4).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let rank = c.rank();
+                let mut s = MultiWorkerMirrored::new(c, init()).unwrap().elastic(min);
+                let mut losses = Vec::new();
+                for step in 0..15 {
+                    if leave[rank] == Some(step) {
+                        return None;
+                    }
+                    let start = (step % 3) * 8;
+                    let n = 8.min(EXAMPLES - start);
+                    losses.push(s.step(n, &example_grads(start), &sgd_step).expect("elastic step"));
+                }
+                Some((s.variables().clone(), losses, s.recoveries().to_vec()))
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().expect("worker thread")).collect()
+}
+
+#[test]
+fn survivors_lose_no_step_and_match_one_device() {
+    let (want, want_losses) = one_device_run(5, 8);
+    assert_eq!(want_losses.len(), 15);
+    // Worker 3 goes before step 4, worker 1 before step 10.
+    let out = run_with_losses([None, Some(10), None, Some(4)], 2);
+    for (rank, got) in out.into_iter().enumerate() {
+        let Some((vars, losses, recoveries)) = got else {
+            assert!(rank == 1 || rank == 3);
+            continue;
+        };
+        let diff = vars.iter().flatten().zip(want.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(diff <= 1e-5, "worker {rank}: weights differ from one device by {diff}");
+        assert_eq!(losses.len(), 15, "worker {rank}: every step has its loss");
+        for (i, (a, b)) in losses.iter().zip(&want_losses).enumerate() {
+            assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "worker {rank} step {i}: loss {a} not {b}");
+        }
+        let shrinks: Vec<(u64, (usize, usize))> = recoveries.iter().map(|r| (r.step, r.replicas)).collect();
+        assert_eq!(shrinks, vec![(4, (4, 3)), (10, (3, 2))], "worker {rank}");
+    }
+}
+
+#[test]
+fn fewer_survivors_than_the_minimum_end_with_an_error() {
+    let comms = Communicator::in_process(3).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let rank = c.rank();
+                let mut s = MultiWorkerMirrored::new(c, init()).unwrap().elastic(3);
+                s.step(8, &example_grads(0), &sgd_step).unwrap();
+                if rank == 2 {
+                    return None;
+                }
+                Some(s.step(8, &example_grads(8), &sgd_step).map(drop))
+            })
+        })
+        .collect();
+    for t in threads {
+        if let Some(r) = t.join().unwrap() {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("fewer than the minimum of 3"), "{e}");
+        }
+    }
+}
