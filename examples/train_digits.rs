@@ -22,13 +22,20 @@
 //! step that failed (`MultiWorkerMirrored::elastic`). The launcher then hosts the
 //! store itself, so any worker may be lost. `TRAIN_DIGITS_KILL=W:E:S[,W:E:S]`
 //! makes worker W (its first rank) kill itself with SIGKILL before step S of
-//! epoch E. The last leader prints `steps=N` (steps completed) and each recovery.
+//! epoch E. With `--replace` the launcher starts a replacement for each killed
+//! worker (as torchrun's `--max-restarts` would), which joins the running job
+//! (`MultiWorkerMirrored::join`) and trains from the step it was taken in at. The
+//! last leader prints `steps=N` (steps completed), each recovery and growth, and
+//! a digest of the final weights (as every strategy does).
 
 #[path = "digits/mlp.rs"]
 mod mlp;
 
+#[path = "digits/elastic.rs"]
+mod elastic;
+
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use braid::strategy::{
     CentralStorage, CrossReplica, Mirrored, MultiWorkerMirrored, OneDevice, ParameterServer, Strategy, Tensors,
@@ -47,11 +54,12 @@ struct Args {
     staleness: Option<u64>,
     elastic: bool,
     min_replicas: usize,
+    replace: bool,
 }
 
 const USAGE: &str = "usage: train_digits --strategy one-device|mirrored|multi-worker|central-storage|parameter-server \
 [--replicas N] [--epochs E] [--global-batch B] [--seed S] [--lr LR] [--checkpoint DIR] [--data FILE] [--ps K] [--staleness S] \
-[--elastic [--min-replicas M]]";
+[--elastic [--min-replicas M] [--replace]]";
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
@@ -67,6 +75,7 @@ fn parse() -> Result<Args, String> {
         staleness: None,
         elastic: false,
         min_replicas: 1,
+        replace: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -85,6 +94,7 @@ fn parse() -> Result<Args, String> {
             "--staleness" => a.staleness = Some(num(value()?)?),
             "--elastic" => a.elastic = true,
             "--min-replicas" => a.min_replicas = num(value()?)? as usize,
+            "--replace" => a.replace = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
@@ -118,66 +128,36 @@ fn launched() -> bool {
 
 /// Start `replicas` copies of this program as the ranks of a multi-worker job and
 /// wait for them; rank 0 hosts the store.
-fn launch(ranks: usize, elastic: Option<usize>) -> Result<(), String> {
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let key = format!(
-        "{:x}{:x}",
-        std::process::id(),
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
-    );
-    // Elastic: the store lives here, not in rank 0, which may be the one lost.
-    let hosted = match elastic {
-        Some(_) => Some(
-            braid::bootstrap::TcpStoreServer::bind("127.0.0.1:0", braid::JobKey::from_text(&key))
-                .map_err(|e| e.to_string())?,
-        ),
-        None => None,
-    };
-    let port = match &hosted {
-        Some(server) => server.local_addr().port(),
-        None => {
-            std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port()
-        }
-    };
+fn launch(ranks: usize) -> Result<(), String> {
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let key = elastic::job_key();
     let mut children = Vec::new();
     for rank in 0..ranks {
-        let child = Command::new(&me)
-            .args(std::env::args().skip(1))
-            .env("BRAID_RANK", rank.to_string())
-            .env("BRAID_WORLD_SIZE", ranks.to_string())
-            .env("BRAID_LOCAL_RANK", rank.to_string())
-            .env("BRAID_STORE", format!("tcp://127.0.0.1:{port}"))
-            .env("BRAID_JOB_KEY", &key)
-            .spawn()
-            .map_err(|e| format!("starting rank {rank}: {e}"))?;
-        children.push(child);
+        children.push(elastic::start_rank(rank, ranks, port, &key, false)?);
     }
-    let (mut failed, mut killed) = (Vec::new(), Vec::new());
+    let mut failed = Vec::new();
     for (rank, mut c) in children.into_iter().enumerate() {
         match c.wait() {
             Ok(s) if s.success() => {}
-            Ok(s) if elastic.is_some() && std::os::unix::process::ExitStatusExt::signal(&s) == Some(9) => {
-                killed.push(rank)
-            }
             Ok(s) => failed.push(format!("rank {rank}: {s}")),
             Err(e) => failed.push(format!("rank {rank}: {e}")),
         }
     }
-    if !killed.is_empty() {
-        println!("launcher: ranks {killed:?} were killed; the others finished");
-    }
-    drop(hosted);
-    if failed.is_empty() && elastic.is_none_or(|min| ranks - killed.len() >= min) {
+    if failed.is_empty() {
         Ok(())
     } else {
-        Err(format!("ranks failed: {}; killed: {killed:?}", failed.join("; ")))
+        Err(format!("ranks failed: {}", failed.join("; ")))
     }
 }
 
 fn run(a: &Args) -> Result<(), String> {
     let ps = a.strategy == "parameter-server";
     if (a.strategy == "multi-worker" || ps) && !launched() {
-        return launch(a.replicas + if ps { a.servers } else { 0 }, a.elastic.then_some(a.min_replicas));
+        if a.elastic {
+            return elastic::launch(a.replicas, a.min_replicas, a.replace);
+        }
+        return launch(a.replicas + if ps { a.servers } else { 0 });
     }
     let all = mlp::load(&a.data)?;
     let (train, test) = mlp::split(&all, a.seed);
@@ -189,8 +169,8 @@ fn run(a: &Args) -> Result<(), String> {
         }
         Box::new(p)
     } else if a.elastic {
-        let mw = MultiWorkerMirrored::from_env(mlp::init(a.seed)).map_err(|e| e.to_string())?;
-        return train_elastic(a, mw.elastic(a.min_replicas), (&train, &test));
+        let plan = mlp::Schedule { from: 0, epochs: a.epochs, global_batch: a.global_batch, seed: a.seed, lr: a.lr };
+        return elastic::train(plan, a.min_replicas, mlp::init(a.seed), (&train, &test));
     } else {
         make(a, mlp::init(a.seed))?
     };
@@ -236,118 +216,10 @@ fn run(a: &Args) -> Result<(), String> {
         Ok(())
     })?;
     if leader {
+        println!("weights digest={:.9e}", elastic::digest(s.variables()));
         println!("final loss={:.5} accuracy={:.4}", last.loss, last.accuracy);
     }
     Ok(())
-}
-
-/// Elastic multi-worker training (see the module docs): every epoch's line is
-/// printed by whichever worker leads now.
-fn train_elastic(a: &Args, mw: MultiWorkerMirrored, data: (&mlp::Data, &mlp::Data)) -> Result<(), String> {
-    let per_epoch = data.0.len().div_ceil(a.global_batch);
-    let first_rank = mw.communicator().rank();
-    let kills = kill_points(first_rank)?;
-    let mut s = Killing { inner: mw, per_epoch, kills, steps: 0 };
-    if first_rank == 0 {
-        println!(
-            "strategy=multi-worker elastic min_replicas={} replicas={} train={} test={} global_batch={} seed={}",
-            a.min_replicas,
-            s.num_replicas_in_sync(),
-            data.0.len(),
-            data.1.len(),
-            a.global_batch,
-            a.seed
-        );
-    }
-    let plan = mlp::Schedule { from: 0, epochs: a.epochs, global_batch: a.global_batch, seed: a.seed, lr: a.lr };
-    let last = mlp::train(&mut s, data, plan, |s, e| {
-        if s.local_replicas().start == 0 {
-            println!(
-                "epoch {} loss={:.5} accuracy={:.4} replicas={}",
-                e.epoch,
-                e.loss,
-                e.accuracy,
-                s.num_replicas_in_sync()
-            );
-        }
-        Ok(())
-    })?;
-    if s.local_replicas().start == 0 {
-        for r in s.inner.recoveries() {
-            println!(
-                "recovery: step {} replicas {} -> {} in {:.3} s ({}): {}",
-                r.step,
-                r.replicas.0,
-                r.replicas.1,
-                r.took.as_secs_f64(),
-                if r.adopted { "took the step from a worker ahead" } else { "redone" },
-                r.cause
-            );
-        }
-        println!("steps={} expected={}", s.inner.steps_done(), per_epoch as u64 * a.epochs);
-        println!("final loss={:.5} accuracy={:.4}", last.loss, last.accuracy);
-    }
-    Ok(())
-}
-
-/// A strategy that kills this process with SIGKILL before chosen steps.
-struct Killing {
-    inner: MultiWorkerMirrored,
-    per_epoch: usize,
-    /// `(epoch, step in epoch)` before which to die.
-    kills: Vec<(u64, usize)>,
-    steps: u64,
-}
-
-impl Strategy for Killing {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn num_replicas_in_sync(&self) -> usize {
-        self.inner.num_replicas_in_sync()
-    }
-    fn local_replicas(&self) -> std::ops::Range<usize> {
-        self.inner.local_replicas()
-    }
-    fn step(
-        &mut self,
-        global_batch: usize,
-        step: &braid::strategy::StepFn<'_>,
-        apply: &braid::strategy::ApplyFn<'_>,
-    ) -> braid::Result<f64> {
-        let here = (self.steps / self.per_epoch as u64, (self.steps % self.per_epoch as u64) as usize);
-        if self.kills.contains(&here) {
-            eprintln!("train_digits: killing this worker (SIGKILL) before step {} of epoch {}", here.1, here.0);
-            // SAFETY: a signal to this very process.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        }
-        self.steps += 1;
-        self.inner.step(global_batch, step, apply)
-    }
-    fn reduce(&mut self, op: braid::strategy::Reduction, local: &[f64]) -> braid::Result<f64> {
-        self.inner.reduce(op, local)
-    }
-    fn variables(&self) -> &Tensors {
-        self.inner.variables()
-    }
-    fn set_variables(&mut self, vars: Tensors) -> braid::Result<()> {
-        self.inner.set_variables(vars)
-    }
-}
-
-/// `TRAIN_DIGITS_KILL=W:E:S[,...]`: the points where worker `rank` dies.
-fn kill_points(rank: usize) -> Result<Vec<(u64, usize)>, String> {
-    let Ok(spec) = std::env::var("TRAIN_DIGITS_KILL") else { return Ok(Vec::new()) };
-    let mut points = Vec::new();
-    for item in spec.split(',').filter(|s| !s.is_empty()) {
-        let bad = || format!("TRAIN_DIGITS_KILL=`{spec}`: expected WORKER:EPOCH:STEP items");
-        let mut it = item.split(':').map(|p| p.trim().parse::<u64>().map_err(|_| bad()));
-        let (w, e, s) = (it.next().ok_or_else(bad)??, it.next().ok_or_else(bad)??, it.next().ok_or_else(bad)??);
-        if w as usize == rank {
-            points.push((e, s as usize));
-        }
-    }
-    Ok(points)
 }
 
 /// A parameter server: take the checkpoint's shard if there is one, then serve

@@ -168,3 +168,50 @@ fn a_process_killed_mid_stream_is_left_behind_shm() {
 fn a_process_killed_mid_stream_is_left_behind_tcp() {
     kill_mid_stream("tcp", 3, 0);
 }
+
+/// A rank that fails during the agreement itself: rank 3 is gone before call 2;
+/// rank 2 agrees (so the decision lists it) and then goes before the shrunk
+/// communicator forms. Forming fails at the deadline, and a second shrink leaves
+/// rank 2 out too: the last two agree, never wait past two deadlines, and sum.
+fn fail_while_agreeing(net: Net) {
+    let timeout = Duration::from_secs(2);
+    let started = Instant::now();
+    let out = on_ranks(comms(net, 4, timeout), move |comm| {
+        let rank = comm.rank();
+        let mut v = vec![rank as i64 + 1; 9];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        if rank == 3 {
+            return None;
+        }
+        assert!(comm.all_reduce_in_place(&mut v, ReduceOp::Sum).is_err());
+        let first = comm.agree().unwrap();
+        assert_eq!(first.live, vec![0, 1, 2], "rank {rank}");
+        if rank == 2 {
+            return None;
+        }
+        let formed = comm.shrink_to(&first);
+        assert!(formed.is_err(), "rank {rank}: a communicator formed without rank 2");
+        let second = comm.agree().unwrap();
+        let small = comm.shrink_to(&second).unwrap();
+        let mut v = vec![rank as i64 + 1; 1001];
+        small.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        Some((second, v[0]))
+    });
+    let spent = started.elapsed();
+    let survivors: Vec<_> = out.into_iter().flatten().collect();
+    assert_eq!(survivors.len(), 2, "{net:?}");
+    for (second, sum) in survivors {
+        assert_eq!((second.round, second.live, sum), (1, vec![0, 1], 3), "{net:?}");
+    }
+    assert!(spent < 2 * timeout + Duration::from_secs(8), "{net:?}: took {spent:?}");
+}
+
+#[test]
+fn a_rank_lost_while_agreeing_is_left_out_by_the_next_shrink_shm() {
+    fail_while_agreeing(Net::Shm);
+}
+
+#[test]
+fn a_rank_lost_while_agreeing_is_left_out_by_the_next_shrink_tcp() {
+    fail_while_agreeing(Net::Tcp);
+}

@@ -31,6 +31,7 @@ mod builder;
 mod calls;
 mod device_calls;
 mod engine;
+mod grow;
 mod p2p_group;
 mod panic_note;
 mod rooted_raw;

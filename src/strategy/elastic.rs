@@ -21,8 +21,12 @@
 use std::time::{Duration, Instant};
 
 use super::mirrored::{MultiWorkerMirrored, SyncReplica};
-use super::{flatten, unflatten, ApplyFn, StepFn, Strategy};
+use super::{flatten, unflatten, ApplyFn, StepFn, Strategy, Tensors};
+use crate::comm::Communicator;
 use crate::error::{Error, Result};
+
+/// How often rank 0 looks in the store for processes waiting to join.
+const JOIN_POLL: Duration = Duration::from_millis(200);
 
 /// One recovery from lost workers ([`MultiWorkerMirrored::recoveries`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +51,85 @@ impl MultiWorkerMirrored {
     pub fn elastic(mut self, min_replicas: usize) -> MultiWorkerMirrored {
         self.elastic = Some(min_replicas.max(1));
         self
+    }
+
+    /// Take in replacement processes that wait under `name`
+    /// ([`MultiWorkerMirrored::join`]): rank 0 looks in the store at most five
+    /// times a second and tells the others inside the next step's loss
+    /// all-reduce; after that step every replica grows the communicator
+    /// ([`Communicator::grow`]) and rank 0 hands the joiners the variables and the
+    /// step count. The next step is split over everyone.
+    pub fn joinable(mut self, name: &str) -> MultiWorkerMirrored {
+        self.joinable = Some((name.to_owned(), Instant::now()));
+        self
+    }
+
+    /// Join a job whose replicas are [`joinable`](MultiWorkerMirrored::joinable)
+    /// under `name`, as a new replica: wait until they take this process in, then
+    /// receive the variables (shaped like `like`) and the step count. Train from
+    /// step [`steps_done`](MultiWorkerMirrored::steps_done) on.
+    /// `comm` is what [`Communicator::join`] returned.
+    pub fn join(comm: Communicator, like: Tensors) -> Result<MultiWorkerMirrored> {
+        let mut mw = MultiWorkerMirrored::new_unsynced(comm, like)?;
+        mw.receive_state()?;
+        Ok(mw)
+    }
+
+    /// Growths so far: (steps done then, replicas before, after).
+    pub fn growths(&self) -> &[(u64, usize, usize)] {
+        &self.growths
+    }
+
+    /// Rank 0's count of waiting joiners when it is time to look; 0 otherwise.
+    pub(super) fn joiners_waiting(&mut self) -> Result<f64> {
+        let comm = self.replica.comm();
+        match &mut self.joinable {
+            Some((name, last)) if comm.rank() == 0 && last.elapsed() >= JOIN_POLL => {
+                *last = Instant::now();
+                Ok(comm.pending_joiners(name)? as f64)
+            }
+            _ => Ok(0.0),
+        }
+    }
+
+    /// After a step: if rank 0 said processes wait, grow to take them in.
+    pub(super) fn admit_joiners(&mut self) -> Result<()> {
+        let waiting = self.replica.side_sum.round() as usize;
+        let Some((name, _)) = &self.joinable else { return Ok(()) };
+        if waiting == 0 {
+            return Ok(());
+        }
+        let before = self.num_replicas_in_sync();
+        let big = self.replica.comm().grow(name, waiting)?;
+        let vars = std::mem::take(&mut self.replica.vars);
+        self.replica = SyncReplica::with_vars(big, vars, super::CrossReplica::AllReduce, self.fusion);
+        self.send_state()?;
+        self.growths.push((self.steps_done, before, self.num_replicas_in_sync()));
+        tracing::info!(
+            rank = self.replica.id,
+            joiners = waiting,
+            replicas = self.num_replicas_in_sync(),
+            "elastic: grew"
+        );
+        Ok(())
+    }
+
+    /// Rank 0's variables, step count and last loss, to every replica.
+    fn send_state(&mut self) -> Result<()> {
+        let comm = self.replica.comm();
+        let mut flat = flatten(&self.replica.vars);
+        comm.broadcast(&mut flat, 0)?;
+        let mut counts = [self.steps_done as i64, self.last_loss.to_bits() as i64];
+        comm.broadcast(&mut counts, 0)?;
+        self.replica.vars = unflatten(&flat, &self.replica.vars);
+        self.steps_done = counts[0].max(0) as u64;
+        self.last_loss = f64::from_bits(counts[1] as u64);
+        Ok(())
+    }
+
+    /// A joiner's side of [`MultiWorkerMirrored::send_state`].
+    fn receive_state(&mut self) -> Result<()> {
+        self.send_state()
     }
 
     /// The recoveries so far, oldest first.

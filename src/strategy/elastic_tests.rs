@@ -44,7 +44,7 @@ fn survivors_lose_no_step_and_match_one_device() {
             assert!(rank == 1 || rank == 3);
             continue;
         };
-        let diff = vars.iter().flatten().zip(want.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        let diff = max_diff(&vars, &want);
         assert!(diff <= 1e-5, "worker {rank}: weights differ from one device by {diff}");
         assert_eq!(losses.len(), 15, "worker {rank}: every step has its loss");
         for (i, (a, b)) in losses.iter().zip(&want_losses).enumerate() {
@@ -78,4 +78,68 @@ fn fewer_survivors_than_the_minimum_end_with_an_error() {
             assert!(e.contains("fewer than the minimum of 3"), "{e}");
         }
     }
+}
+
+/// Two workers over a store; a third process (a thread here) joins while they
+/// train. Everyone ends with the one-device weights, and the joiner ran exactly
+/// the steps after the one it was taken in at.
+#[test]
+fn a_joiner_is_taken_in_and_ends_with_everyone() {
+    use crate::bootstrap::{MemStore, Store};
+    use std::sync::Arc;
+    let (want, _) = one_device_run(5, 8);
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let mut cfg = crate::config::Config::new(0, 2);
+    cfg.timeout = Duration::from_secs(20);
+    cfg.tuner_probe = false;
+    let train_from = |s: &mut MultiWorkerMirrored| {
+        let mut ran = 0;
+        for step in s.steps_done() as usize..15 {
+            // Slow enough that rank 0 looks for joiners before the end.
+            std::thread::sleep(Duration::from_millis(40));
+            let start = (step % 3) * 8;
+            s.step(8.min(EXAMPLES - start), &example_grads(start), &sgd_step).expect("step");
+            ran += 1;
+        }
+        ran
+    };
+    let joiner = {
+        let (store, cfg) = (store.clone(), cfg.clone());
+        std::thread::spawn(move || {
+            let comm = Communicator::join(store, "digits", cfg, Duration::from_secs(20)).unwrap();
+            let mut s = MultiWorkerMirrored::join(comm, init()).unwrap().elastic(1).joinable("digits");
+            let from = s.steps_done();
+            let ran = train_from(&mut s);
+            (s.variables().clone(), from, ran, s.num_replicas_in_sync())
+        })
+    };
+    let members: Vec<_> = (0..2)
+        .map(|rank| {
+            let (store, mut cfg) = (store.clone(), cfg.clone());
+            cfg.rank = rank;
+            std::thread::spawn(move || {
+                let comm = crate::CommunicatorBuilder::from_config(cfg).store(store).build().unwrap();
+                let mut s = MultiWorkerMirrored::new(comm, init()).unwrap().elastic(1).joinable("digits");
+                assert_eq!(train_from(&mut s), 15);
+                (s.variables().clone(), s.growths().to_vec())
+            })
+        })
+        .collect();
+    let mut grown_at = Vec::new();
+    for m in members {
+        let (vars, growths) = m.join().unwrap();
+        assert!(max_diff(&vars, &want) <= 1e-5, "member");
+        assert_eq!(growths.len(), 1, "{growths:?}");
+        assert_eq!((growths[0].1, growths[0].2), (2, 3));
+        grown_at.push(growths[0].0);
+    }
+    let (vars, from, ran, world) = joiner.join().unwrap();
+    assert!(max_diff(&vars, &want) <= 1e-5, "joiner");
+    assert_eq!(world, 3);
+    assert!(from > 0 && from < 15, "joined at step {from}");
+    assert_eq!((from, from as usize + ran), (grown_at[0], 15));
+}
+
+fn max_diff(a: &Tensors, b: &Tensors) -> f32 {
+    a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }

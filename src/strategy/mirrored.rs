@@ -39,6 +39,11 @@ pub(super) struct SyncReplica {
     fuser: Fuser,
     pub(super) vars: Tensors,
     how: CrossReplica,
+    /// A number each replica adds into the step's loss all-reduce (no extra
+    /// call), and the sum over replicas the last step got: how the elastic
+    /// strategy's rank 0 tells the others that processes wait to join.
+    pub(super) side: f64,
+    pub(super) side_sum: f64,
 }
 
 impl SyncReplica {
@@ -53,7 +58,7 @@ impl SyncReplica {
 
     /// A replica over `comm` keeping `vars` as they are (equal on every replica).
     pub(super) fn with_vars(comm: Communicator, vars: Tensors, how: CrossReplica, fusion: FusionConfig) -> SyncReplica {
-        SyncReplica { id: comm.rank(), fuser: Fuser::new(comm, fusion), vars, how }
+        SyncReplica { id: comm.rank(), fuser: Fuser::new(comm, fusion), vars, how, side: 0.0, side_sum: 0.0 }
     }
 
     pub(super) fn comm(&self) -> &Communicator {
@@ -83,19 +88,22 @@ impl SyncReplica {
             CrossReplica::AllReduce | CrossReplica::Hierarchical => {
                 let works: Vec<FusedWork<f32>> =
                     g.grads.into_iter().map(|t| self.fuser.all_reduce(t, ReduceOp::Sum)).collect();
-                let loss = self.fuser.all_reduce(vec![g.loss], ReduceOp::Sum);
+                let loss = self.fuser.all_reduce(vec![g.loss, self.side], ReduceOp::Sum);
                 self.fuser.flush();
                 let grads = works.into_iter().map(FusedWork::wait).collect::<Result<Tensors>>()?;
-                (grads, loss.wait()?[0])
+                let sums = loss.wait()?;
+                self.side_sum = sums[1];
+                (grads, sums[0])
             }
             CrossReplica::ReduceBroadcast => {
                 let comm = self.fuser.communicator();
                 let mut flat = flatten(&g.grads);
-                let mut loss = [g.loss];
+                let mut loss = [g.loss, self.side];
                 comm.reduce_in_place(&mut flat, ReduceOp::Sum, 0)?;
                 comm.reduce_in_place(&mut loss, ReduceOp::Sum, 0)?;
                 comm.broadcast(&mut flat, 0)?;
                 comm.broadcast(&mut loss, 0)?;
+                self.side_sum = loss[1];
                 (unflatten(&flat, &g.grads), loss[0])
             }
         };
@@ -224,6 +232,10 @@ pub struct MultiWorkerMirrored {
     pub(super) last_loss: f64,
     /// What each recovery did, in order.
     pub(super) recoveries: Vec<super::elastic::Recovery>,
+    /// Where replacement processes wait to join, and when rank 0 last looked.
+    pub(super) joinable: Option<(String, Instant)>,
+    /// Joiners taken in, per growth: (step, replicas before, after).
+    pub(super) growths: Vec<(u64, usize, usize)>,
 }
 
 impl MultiWorkerMirrored {
@@ -232,14 +244,27 @@ impl MultiWorkerMirrored {
     pub fn new(comm: Communicator, vars: Tensors) -> Result<MultiWorkerMirrored> {
         let fusion = FusionConfig::from_env()?;
         let replica = SyncReplica::new(comm, vars, CrossReplica::AllReduce, fusion)?;
-        Ok(MultiWorkerMirrored {
+        Ok(MultiWorkerMirrored::from_replica(replica, fusion))
+    }
+
+    /// A replica over `comm` keeping `vars` as given (the caller makes them equal).
+    pub(super) fn new_unsynced(comm: Communicator, vars: Tensors) -> Result<MultiWorkerMirrored> {
+        let fusion = FusionConfig::from_env()?;
+        let replica = SyncReplica::with_vars(comm, vars, CrossReplica::AllReduce, fusion);
+        Ok(MultiWorkerMirrored::from_replica(replica, fusion))
+    }
+
+    fn from_replica(replica: SyncReplica, fusion: FusionConfig) -> MultiWorkerMirrored {
+        MultiWorkerMirrored {
             replica,
             fusion,
             elastic: None,
             steps_done: 0,
             last_loss: f64::NAN,
             recoveries: Vec::new(),
-        })
+            joinable: None,
+            growths: Vec::new(),
+        }
     }
 
     /// [`MultiWorkerMirrored::new`] over [`Communicator::from_env`].
@@ -265,13 +290,16 @@ impl Strategy for MultiWorkerMirrored {
     }
     fn step(&mut self, global_batch: usize, step: &StepFn<'_>, apply: &ApplyFn<'_>) -> Result<f64> {
         let share = self.split_batch(global_batch)[self.replica.id].clone();
-        match self.replica.step(share, global_batch, step, apply) {
-            Ok(loss) => Ok(self.stepped(loss)),
+        self.replica.side = self.joiners_waiting()?;
+        let loss = match self.replica.step(share, global_batch, step, apply) {
+            Ok(loss) => self.stepped(loss),
             Err(e) => match self.elastic {
-                Some(min) => self.recover(e, min, global_batch, step, apply),
-                None => Err(e),
+                Some(min) => self.recover(e, min, global_batch, step, apply)?,
+                None => return Err(e),
             },
-        }
+        };
+        self.admit_joiners()?;
+        Ok(loss)
     }
     fn reduce(&mut self, op: Reduction, local: &[f64]) -> Result<f64> {
         let [value] = local else {
