@@ -11,6 +11,7 @@ mod perf_ceiling;
 mod perf_check;
 mod perf_device;
 mod plot;
+mod soak;
 mod timeline;
 
 use clap::{Parser, Subcommand};
@@ -56,6 +57,13 @@ enum Command {
     /// Under a launcher with `BRAID_TRACE_DIR` set, then `braid doctor` on it.
     /// Example: `BRAID_TRACE_DIR=/tmp/t braid run -n 4 -- braid drill --calls all-reduce,broadcast --repeat 3 --skip 2:3`.
     Drill(drill::DrillArgs),
+    /// Random collectives with random kills and joins, every result checked.
+    ///
+    /// Hosts a store, starts --ranks workers, SIGKILLs one every --kill-every
+    /// seconds and starts a replacement that joins; the survivors shrink and go
+    /// on. Exits 0 only if no result was wrong and resident memory stayed flat.
+    /// Example: `braid soak --ranks 4 --seconds 60 --kill-every 10`.
+    Soak(soak::SoakArgs),
     /// Draw the ranks' timelines (`BRAID_TIMELINE` files) as one SVG picture.
     ///
     /// Example: `braid timeline /tmp/tl -o tl.svg --merge all.json`.
@@ -77,6 +85,7 @@ fn main() {
         Command::Simulate(args) => explain::simulate(args),
         Command::Doctor(args) => doctor::main(args),
         Command::Drill(args) => drill::run(args),
+        Command::Soak(args) => soak::run(args),
         Command::Timeline(args) => timeline::main(args),
     };
     std::process::exit(code);
