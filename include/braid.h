@@ -510,6 +510,39 @@ enum braid_result braid_comm_split(struct braid_comm *comm,
 enum braid_result braid_comm_dup(struct braid_comm *comm, struct braid_comm **out);
 
 /**
+ * After a failure, agree with the other surviving ranks on which ranks of `comm`
+ * are alive and how many collectives all of them completed (ULFM's
+ * `MPIX_Comm_agree`). Every survivor calls it; all get the same answer. The live
+ * ranks go to `live_ranks` (ascending, at most `live_cap` of them), their number
+ * to `*nlive` and the count of calls to `*completed_calls`; a `live_cap` below
+ * the number is `BRAID_ERR_INVALID_ARGUMENT` (with `*nlive` set, so the caller
+ * can size `live_ranks`). A rank the others went on without gets an error.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `live_ranks` is NULL or valid for writing
+ * `live_cap` ints; `nlive` and `completed_calls` are NULL or valid for writing.
+ */
+enum braid_result braid_comm_agree(struct braid_comm *comm,
+                                   int *live_ranks,
+                                   size_t live_cap,
+                                   size_t *nlive,
+                                   uint64_t *completed_calls);
+
+/**
+ * A communicator of the ranks of `comm` still alive after a failure (ULFM's
+ * `MPIX_Comm_shrink`, NCCL's `ncclCommShrink`): the survivors agree on who they
+ * are and connect anew, ranked in their order in `comm`, keeping `comm`'s
+ * settings and measured link costs. Every survivor calls it; `comm` stays
+ * broken (destroy it). If another rank dies while the new one forms, this fails
+ * at the timeout, and calling it again leaves that rank out too. On success
+ * `*out` is the new communicator; on failure `*out` is NULL.
+ *
+ * # Safety
+ * `comm` is NULL or a live handle; `out` is NULL or valid for writing a pointer.
+ */
+enum braid_result braid_comm_shrink(struct braid_comm *comm, struct braid_comm **out);
+
+/**
  * A communicator of the `nranks` ranks of `comm` listed in `ranks` (torch's
  * `new_group`), formed by those ranks alone: each calls it with the same list,
  * and ranks not listed do not call it. Rank `ranks[i]` of `comm` is rank `i` of

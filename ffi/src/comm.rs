@@ -143,6 +143,71 @@ pub unsafe extern "C" fn braid_comm_dup(comm: *mut braid_comm, out: *mut *mut br
     })
 }
 
+/// After a failure, agree with the other surviving ranks on which ranks of `comm`
+/// are alive and how many collectives all of them completed (ULFM's
+/// `MPIX_Comm_agree`). Every survivor calls it; all get the same answer. The live
+/// ranks go to `live_ranks` (ascending, at most `live_cap` of them), their number
+/// to `*nlive` and the count of calls to `*completed_calls`; a `live_cap` below
+/// the number is `BRAID_ERR_INVALID_ARGUMENT` (with `*nlive` set, so the caller
+/// can size `live_ranks`). A rank the others went on without gets an error.
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `live_ranks` is NULL or valid for writing
+/// `live_cap` ints; `nlive` and `completed_calls` are NULL or valid for writing.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_agree(
+    comm: *mut braid_comm,
+    live_ranks: *mut c_int,
+    live_cap: usize,
+    nlive: *mut usize,
+    completed_calls: *mut u64,
+) -> braid_result {
+    entry("braid_comm_agree", || {
+        // SAFETY: the caller's promise on `comm`.
+        let c = unsafe { live(comm)? };
+        let agreed = c.agree()?;
+        // SAFETY: the caller's promises on `nlive` and `completed_calls`.
+        unsafe {
+            put(nlive, "nlive", agreed.live.len())?;
+            put(completed_calls, "completed_calls", agreed.completed_calls)?;
+        }
+        if agreed.live.len() > live_cap {
+            return Err(Fail::invalid(format!("{} live ranks do not fit live_cap {live_cap}", agreed.live.len())));
+        }
+        if live_ranks.is_null() && !agreed.live.is_empty() {
+            return Err(Fail::invalid("live_ranks is NULL"));
+        }
+        for (i, &r) in agreed.live.iter().enumerate() {
+            // SAFETY: `live_ranks` holds `live_cap` ints and `i < agreed.live.len() <= live_cap`.
+            unsafe { live_ranks.add(i).write(r as c_int) };
+        }
+        Ok(BRAID_SUCCESS)
+    })
+}
+
+/// A communicator of the ranks of `comm` still alive after a failure (ULFM's
+/// `MPIX_Comm_shrink`, NCCL's `ncclCommShrink`): the survivors agree on who they
+/// are and connect anew, ranked in their order in `comm`, keeping `comm`'s
+/// settings and measured link costs. Every survivor calls it; `comm` stays
+/// broken (destroy it). If another rank dies while the new one forms, this fails
+/// at the timeout, and calling it again leaves that rank out too. On success
+/// `*out` is the new communicator; on failure `*out` is NULL.
+///
+/// # Safety
+/// `comm` is NULL or a live handle; `out` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn braid_comm_shrink(comm: *mut braid_comm, out: *mut *mut braid_comm) -> braid_result {
+    entry("braid_comm_shrink", || {
+        // SAFETY: the caller's promise on `out`.
+        unsafe { put(out, "out", std::ptr::null_mut())? };
+        // SAFETY: the caller's promise on `comm`.
+        let small = unsafe { live(comm)? }.shrink()?;
+        // SAFETY: as above.
+        unsafe { put(out, "out", handle(small))? };
+        Ok(BRAID_SUCCESS)
+    })
+}
+
 /// A communicator of the `nranks` ranks of `comm` listed in `ranks` (torch's
 /// `new_group`), formed by those ranks alone: each calls it with the same list,
 /// and ranks not listed do not call it. Rank `ranks[i]` of `comm` is rank `i` of

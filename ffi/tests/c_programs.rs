@@ -199,6 +199,15 @@ fn split_runs_two_halves_of_four_ranks_built_with_pkg_config() {
     run_ranks(&prog, 4);
 }
 
+/// Issue 38: rank 3 of 4 vanishes without a goodbye; the others agree on who is
+/// left (braid_comm_agree, including a too-small array refused with the count
+/// set) and shrink (braid_comm_shrink) to a 3-rank communicator that sums exactly.
+#[test]
+fn survivors_agree_and_shrink_from_c() {
+    let prog = compile("gcc", "shrink.c", "shrink", &shared("-std=c11"));
+    run_ranks(&prog, 4);
+}
+
 /// Issue 34: braid_group_start/end around sends and receives (a ring of 16 MiB
 /// messages posted send-first, an exchange with every rank in nested groups with
 /// tags), bad groups refused before anything runs, and a tag mismatch failing on
