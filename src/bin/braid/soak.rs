@@ -45,6 +45,8 @@ pub struct SoakArgs {
 const JOIN_NAME: &str = "soak";
 /// Calls between two control rounds (stop? joiners?).
 const CONTROL_EVERY: u64 = 32;
+/// Seconds between two resident-memory samples a worker reports.
+const RSS_EVERY: u64 = 60;
 /// Largest count of one call.
 const COUNTS: [usize; 6] = [0, 1, 7, 255, 1000, 16384];
 
@@ -174,10 +176,16 @@ fn coordinate(a: &SoakArgs) -> Result<bool, String> {
     let (mut next_id, mut kills, mut failed) = (a.ranks, 0u64, Vec::new());
     let mut next_kill = (a.kill_every > 0).then(|| Duration::from_secs(a.kill_every));
     let mut reports = Vec::new();
-    let collect = |reports: &mut Vec<(usize, Report)>| {
+    // Worker 1's resident memory through the run (it is never killed).
+    let mut samples: Vec<String> = Vec::new();
+    let mut collect = |reports: &mut Vec<(usize, Report)>| {
         while let Ok((id, line)) = rx.try_recv() {
             if let Some(r) = parse_report(&line) {
                 reports.push((id, r));
+            } else if let Some(sample) = line.strip_prefix("soak-rss ") {
+                if id == 1 {
+                    samples.push(sample.to_string());
+                }
             } else {
                 println!("worker {id}: {line}");
             }
@@ -251,6 +259,9 @@ fn coordinate(a: &SoakArgs) -> Result<bool, String> {
             );
         }
     }
+    if !samples.is_empty() {
+        println!("soak: worker 1 resident memory (s=KiB) every {RSS_EVERY} s: {}", samples.join(" "));
+    }
     for f in &failed {
         println!("soak: {f}");
     }
@@ -309,9 +320,14 @@ fn worker(seed: u64) -> i32 {
     };
     let (mut calls, mut wrong, mut shrinks, mut grows, mut rss_10s) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut call = 0u64;
+    let mut next_sample = RSS_EVERY;
     let code = loop {
         if rss_10s == 0 && born.elapsed() >= Duration::from_secs(10) {
             rss_10s = rss_kib();
+        }
+        if born.elapsed() >= Duration::from_secs(next_sample) {
+            println!("soak-rss {next_sample}={}", rss_kib());
+            next_sample += RSS_EVERY;
         }
         let step = if call.is_multiple_of(CONTROL_EVERY) {
             control(&comm, store.as_ref())
