@@ -26,6 +26,11 @@ use crate::bootstrap::Store;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
+/// The most processes one grow takes in, and the most a store may say wait. More
+/// than any launcher restarts at once; the count is written by whoever holds the
+/// job key, and a forged one must not make rank 0 write seats without end.
+pub(crate) const MAX_JOINERS: usize = 4096;
+
 /// Keys of joining under `name`.
 fn key(name: &str, what: &str) -> String {
     format!("braid-join/{name}/{what}")
@@ -119,7 +124,15 @@ impl Communicator {
         let store = self.join_store()?;
         let waiting = counter(store.as_ref(), &key(name, "waiting"))?;
         let admitted = counter(store.as_ref(), &key(name, "admitted"))?;
-        Ok(waiting.saturating_sub(admitted) as usize)
+        let pending = waiting.saturating_sub(admitted);
+        if pending > MAX_JOINERS as u64 {
+            return Err(Error::Store(format!(
+                "rank {}: the store says {pending} processes wait to join `{name}` ({waiting} waiting, {admitted} \
+                 admitted), more than the {MAX_JOINERS} one grow takes in; the count looks forged",
+                self.rank()
+            )));
+        }
+        Ok(pending as usize)
     }
 
     /// Take `joiners` processes waiting under `name` into a new communicator
@@ -135,6 +148,11 @@ impl Communicator {
             )));
         };
         let (rank, world) = (self.rank(), self.world_size());
+        if joiners > MAX_JOINERS {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: grow by {joiners} processes: at most {MAX_JOINERS} join at once"
+            )));
+        }
         let n = self.splits.fetch_add(1, Ordering::Relaxed);
         let child = format!("grow{n}");
         let total = world + joiners;
@@ -182,6 +200,24 @@ mod tests {
         {
             assert!(Seat::parse(bad.as_bytes()).is_err(), "{bad:?}");
         }
+    }
+
+    /// A store writer that inflates the waiting count gets an error, not seats
+    /// written without end; a grow past the cap is refused before any seat is.
+    #[test]
+    fn a_forged_waiting_count_is_refused() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
+        let mut cfg = Config::new(0, 1);
+        cfg.tuner_probe = false;
+        let c = crate::CommunicatorBuilder::from_config(cfg).store(store.clone()).build().unwrap();
+        store.set(&key("job", "waiting"), (MAX_JOINERS as u64 + 1).to_string().as_bytes()).unwrap();
+        let e = c.pending_joiners("job").unwrap_err().to_string();
+        assert!(e.contains("looks forged") && e.contains("rank 0"), "{e}");
+        store.set(&key("job", "waiting"), MAX_JOINERS.to_string().as_bytes()).unwrap();
+        assert_eq!(c.pending_joiners("job").unwrap(), MAX_JOINERS);
+        let e = c.grow("job", MAX_JOINERS + 1).err().expect("refused").to_string();
+        assert!(e.contains("at most 4096"), "{e}");
+        assert!(store.get(&key("job", "seat/0")).unwrap().is_none());
     }
 
     /// Three members over TCP; two processes (threads here) join; the five sum
