@@ -508,25 +508,48 @@ fn another_call_at_this_turn(h: &Header, peer: usize, call: &CallInfo) -> Option
 
 /// Writing to `peer` failed with `e`: if the peer sent an abort before its link
 /// ended, its reason is the error (a rank that failed and left is named for why it
-/// failed, not as lost). Reads what is already in the link, a bounded number of
-/// frames: control frames, and data frames of up to [`SKIP_BYTES`] (the call fails
-/// whatever they hold, and its engine with it); a data frame of another call at this
-/// call's turn is the error itself, naming both calls.
+/// failed, not as lost). Reads what is already in the link ([`read_ahead`]); a data
+/// frame of another call at this call's turn is the error itself, naming both calls.
 pub(super) fn write_failed(ch: &mut StreamChannel, peer: usize, call: &CallInfo, e: io::Error) -> Error {
+    if let Some(mismatch) = read_ahead(ch, |h| another_call_at_this_turn(h, peer, call)) {
+        return mismatch;
+    }
+    match &ch.rx {
+        Rx::Gone(Gone::Aborted(reason)) => Error::PeerAborted { ctx: call.ctx.clone(), peer, reason: reason.clone() },
+        _ => peer_error(call, peer, ch.said_goodbye, e),
+    }
+}
+
+/// Read on through what is already in the link, up to the peer's abort, goodbye or
+/// end (which then show in `ch.rx` and `ch.said_goodbye`), for a rank whose call is
+/// failing or failed: a bounded number of frames, control frames and data frames of
+/// up to [`SKIP_BYTES`] that no receive has begun to take (whatever they hold is no
+/// longer wanted). `mismatch` judges each data header first: an error it gives ends
+/// the reading and is returned.
+pub(super) fn read_ahead(ch: &mut StreamChannel, mut mismatch: impl FnMut(&Header) -> Option<Error>) -> Option<Error> {
     const LOOKS: usize = 64;
     const SKIP_BYTES: usize = 1 << 20;
     for _ in 0..LOOKS {
         match &mut ch.rx {
-            Rx::Gone(Gone::Aborted(reason)) => {
-                return Error::PeerAborted { ctx: call.ctx.clone(), peer, reason: reason.clone() };
-            }
             Rx::Header { have } => {
-                let Ok(n) = ch.link.try_read(&mut ch.hdr[*have..]) else { break };
-                *have += n;
-                if n == 0 || *have < HEADER_LEN {
-                    if n == 0 {
+                let n = match ch.link.try_read(&mut ch.hdr[*have..]) {
+                    Ok(n) => n,
+                    // The end of the link between frames: everything it held is read.
+                    Err(e) if *have == 0 => {
+                        ch.rx = Rx::Gone(if ch.said_goodbye && e.kind() == io::ErrorKind::UnexpectedEof {
+                            Gone::Goodbye
+                        } else {
+                            Gone::Lost(e.kind(), e.to_string())
+                        });
                         break;
                     }
+                    Err(_) => break,
+                };
+                if n == 0 {
+                    break;
+                }
+                *have += n;
+                if *have < HEADER_LEN {
                     continue;
                 }
                 match Header::decode(&ch.hdr) {
@@ -543,8 +566,8 @@ pub(super) fn write_failed(ch: &mut StreamChannel, peer: usize, call: &CallInfo,
                 }
             }
             Rx::Ready(h) => {
-                if let Some(mismatch) = another_call_at_this_turn(h, peer, call) {
-                    return mismatch;
+                if let Some(e) = mismatch(h) {
+                    return Some(e);
                 }
                 // Only a frame none of whose payload went to a receive yet.
                 let untouched = ch.inq.front().is_none_or(|m| !m.started && m.got == 0);
@@ -574,7 +597,7 @@ pub(super) fn write_failed(ch: &mut StreamChannel, peer: usize, call: &CallInfo,
             _ => break,
         }
     }
-    peer_error(call, peer, ch.said_goodbye, e)
+    None
 }
 
 /// Read more of an abort's reason (`want` bytes in all) into `buf`; returns the

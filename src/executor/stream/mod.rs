@@ -384,12 +384,17 @@ impl PeerChannel for StreamChannel {
     }
 
     fn peer_gone(&mut self) -> bool {
+        // Asked when a call fails and while the survivors agree: what the peer
+        // sent is no longer wanted, and its goodbye may wait behind it unread.
+        if !matches!(self.rx, Rx::Gone(_)) {
+            inbound::read_ahead(self, |_| None);
+        }
         // A peer that said goodbye closed its communicator: it will not agree
         // either. One that aborted is alive, failing as this rank is.
         match &self.rx {
             Rx::Gone(Gone::Lost(..) | Gone::Goodbye) => true,
             Rx::Gone(Gone::Aborted(_)) => false,
-            _ => self.link.peer_gone(),
+            _ => self.said_goodbye || self.link.peer_gone(),
         }
     }
 
