@@ -1,23 +1,29 @@
 //! Survivors of lost ranks agree and shrink (issue 38, item 3): over in-process,
-//! shared-memory and TCP links, at 3 to 8 ranks, one or two ranks gone before or
-//! after a call, and processes killed with SIGKILL in the middle of a stream of
-//! calls. The shrunk communicator must sum exactly.
+//! shared-memory and TCP links, at 3 to 8 ranks, one or two ranks gone before a
+//! call, dying inside it at a chosen byte, or gone after it, and processes killed
+//! with SIGKILL in the middle of a stream of calls. The shrunk communicator must
+//! sum exactly.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use braid::algorithm::Algorithm;
+use braid::fault::{FaultAction, FaultPlan, FaultPoint};
 use braid::{Agreement, ReduceOp};
 use common::bounded::{rank_command, spawn_group, wait_bounded};
-use common::{comms, on_ranks, Net};
+use common::{comms, comms_with_fault, on_ranks, Net};
 
 /// When the lost ranks go.
 #[derive(Clone, Copy, Debug)]
 enum Phase {
     /// They never enter call 2: the others are in it, waiting for them.
-    BeforeCall,
+    Before,
+    /// They die inside call 2, at byte 64 of its first frame (`FaultAction::Vanish`:
+    /// every link of theirs ends without a word, as a killed process's would).
+    During,
     /// They finish call 2 and go: the others' call 3 fails.
-    AfterCall,
+    After,
 }
 
 /// What a survivor saw: its old rank, the agreement, its new rank and world, the sum.
@@ -27,21 +33,39 @@ fn lose_and_shrink(net: Net, world: usize, lost: &[usize], phase: Phase) {
     let started = Instant::now();
     let lost_list = lost.to_vec();
     let timeout = Duration::from_secs(10);
-    let seen: Vec<Seen> = on_ranks(comms(net, world, timeout), move |comm| {
+    let plans = vanish_in_second_call(world, lost);
+    let group = match phase {
+        Phase::During => {
+            let mut all = plans.iter().cloned();
+            let first = all.next().expect("a lost rank");
+            comms_with_fault(net, world, timeout, all.try_fold(first, |a, p| a.and(p)).unwrap())
+        }
+        _ => comms(net, world, timeout),
+    };
+    let seen: Vec<Seen> = on_ranks(group, move |comm| {
         let rank = comm.rank();
         let gone = lost_list.contains(&rank);
+        // A ring sends its first frame of a call before it waits for anything, so
+        // both lost ranks reach their point whatever the other did.
+        if matches!(phase, Phase::During) {
+            comm.set_algorithm(Some(Algorithm::Ring));
+        }
         let mut v = vec![rank as i64 + 1; 17];
         comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
-        if gone && matches!(phase, Phase::BeforeCall) {
+        if gone && matches!(phase, Phase::Before) {
             return None;
         }
         let mut v = vec![rank as i64 + 1; 4099];
         let second = comm.all_reduce_in_place(&mut v, ReduceOp::Sum);
         if gone {
-            second.unwrap();
+            match phase {
+                Phase::During => assert!(second.is_err(), "rank {rank} vanished inside call 2"),
+                _ => second.unwrap(),
+            }
             return None;
         }
-        if matches!(phase, Phase::AfterCall) && second.is_ok() {
+        comm.set_algorithm(None);
+        if matches!(phase, Phase::After) && second.is_ok() {
             let mut v = vec![rank as i64 + 1; 17];
             assert!(comm.all_reduce_in_place(&mut v, ReduceOp::Sum).is_err(), "rank {rank}: a call with gone peers");
         }
@@ -52,8 +76,14 @@ fn lose_and_shrink(net: Net, world: usize, lost: &[usize], phase: Phase) {
         Some((rank, agreement, small.rank(), small.world_size(), v))
     });
     let survivors: Vec<usize> = (0..world).filter(|r| !lost.contains(r)).collect();
-    let want: i64 = survivors.iter().map(|&r| r as i64 + 1).sum();
     let what = format!("{net:?}, {world} ranks, lost {lost:?} {phase:?}");
+    if let Phase::During = phase {
+        // Proof that each died where it was told: inside call 2.
+        for (p, r) in plans.iter().zip(lost) {
+            assert!(p.fired().is_some(), "{what}: rank {r}'s fault never acted");
+        }
+    }
+    let want: i64 = survivors.iter().map(|&r| r as i64 + 1).sum();
     let mut agreements = Vec::new();
     for s in seen.into_iter().flatten() {
         let (old, agreement, new_rank, new_world, v) = s;
@@ -67,14 +97,17 @@ fn lose_and_shrink(net: Net, world: usize, lost: &[usize], phase: Phase) {
     // One agreement: the same call count everywhere, and at least the first call.
     assert!(agreements.windows(2).all(|w| w[0] == w[1]), "{what}: {agreements:?}");
     assert!(agreements[0].completed_calls >= 1, "{what}: {agreements:?}");
-    // Never past the deadline. One lost rank is always seen by its peers' links, so
-    // nobody waits for the deadline; of two, over TCP, the second may have left
-    // its goodbye unread on every survivor's socket, and is then waited for.
+    // Nobody waits for the deadline: every lost rank is seen by its peers' links,
+    // a goodbye left unread behind other frames included.
     let spent = started.elapsed();
-    assert!(spent < timeout + Duration::from_secs(10), "{what}: took {spent:?}");
-    if lost.len() == 1 {
-        assert!(spent < Duration::from_secs(5), "{what}: took {spent:?}");
-    }
+    assert!(spent < timeout / 2, "{what}: took {spent:?}");
+}
+
+/// Each lost rank vanishes at byte 64 of its first frame of call 2: a ring
+/// all-reduce sends 2 (n - 1) frames a call, all on one link.
+fn vanish_in_second_call(world: usize, lost: &[usize]) -> Vec<FaultPlan> {
+    let point = FaultPoint { peer: None, frame: 2 * (world as u64 - 1), offset: FaultPlan::HEADER_BYTES + 64 };
+    lost.iter().map(|&r| FaultPlan::new(r, point, FaultAction::Vanish).unwrap()).collect()
 }
 
 fn grid(net: Net) {
@@ -83,7 +116,7 @@ fn grid(net: Net) {
             if lost.len() + 1 >= world {
                 continue;
             }
-            for phase in [Phase::BeforeCall, Phase::AfterCall] {
+            for phase in [Phase::Before, Phase::During, Phase::After] {
                 lose_and_shrink(net, world, &lost, phase);
             }
         }
@@ -127,7 +160,7 @@ fn agreeing_without_a_failure_keeps_everyone() {
 /// Real processes over `transport`, meeting at a file store (which outlives any of
 /// them): rank `victim` is killed with SIGKILL while every rank runs a stream of
 /// 4 MiB all-reduces; the others shrink (`braid drill --shrink`) and sum exactly.
-fn kill_mid_stream(transport: &str, world: usize, victim: usize) {
+fn kill_mid_stream(transport: &str, world: usize, victims: &[usize]) {
     let dir = std::env::temp_dir().join(format!("braid-shrink-{transport}-{}-{world}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -143,17 +176,21 @@ fn kill_mid_stream(transport: &str, world: usize, victim: usize) {
         .collect();
     // Let the calls run, then kill the victim in the middle of them.
     std::thread::sleep(Duration::from_millis(1500));
-    let victim_child = children[victim].take().unwrap();
-    common::bounded::signal_group(&victim_child, libc::SIGKILL);
-    let _ = wait_bounded(victim_child, Duration::from_secs(10));
-    let what = format!("{transport}, {world} processes, rank {victim} killed");
+    let killed: Vec<_> = victims.iter().map(|&v| children[v].take().unwrap()).collect();
+    for child in &killed {
+        common::bounded::signal_group(child, libc::SIGKILL);
+    }
+    for child in killed {
+        let _ = wait_bounded(child, Duration::from_secs(10));
+    }
+    let what = format!("{transport}, {world} processes, ranks {victims:?} killed");
     for (rank, child) in children.into_iter().enumerate() {
         let Some(child) = child else { continue };
         let out = wait_bounded(child, Duration::from_secs(60));
         assert!(out.ok(), "{what}: rank {rank}:\n{}", out.dump());
         let text = out.dump();
-        let live: Vec<String> = (0..world).filter(|&r| r != victim).map(|r| r.to_string()).collect();
-        let expected = format!("shrunk to {} ranks [{}]", world - 1, live.join(", "));
+        let live: Vec<String> = (0..world).filter(|r| !victims.contains(r)).map(|r| r.to_string()).collect();
+        let expected = format!("shrunk to {} ranks [{}]", live.len(), live.join(", "));
         assert!(text.contains(&expected), "{what}: rank {rank}:\n{text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -161,12 +198,22 @@ fn kill_mid_stream(transport: &str, world: usize, victim: usize) {
 
 #[test]
 fn a_process_killed_mid_stream_is_left_behind_shm() {
-    kill_mid_stream("shm", 4, 2);
+    kill_mid_stream("shm", 4, &[2]);
+}
+
+#[test]
+fn two_processes_killed_mid_stream_are_left_behind_shm() {
+    kill_mid_stream("shm", 5, &[1, 3]);
 }
 
 #[test]
 fn a_process_killed_mid_stream_is_left_behind_tcp() {
-    kill_mid_stream("tcp", 3, 0);
+    kill_mid_stream("tcp", 3, &[0]);
+}
+
+#[test]
+fn two_processes_killed_mid_stream_are_left_behind_tcp() {
+    kill_mid_stream("tcp", 5, &[0, 4]);
 }
 
 /// A rank that fails during the agreement itself: rank 3 is gone before call 2;

@@ -38,6 +38,11 @@ pub enum FaultAction {
     /// Tear the connection down at the point: the link is dropped, so this end's
     /// writes and reads fail and the peer finds it closed.
     Cut,
+    /// The rank dies at the point, as a process killed there would: this link is
+    /// dropped at once and every other link of the rank the next time the rank
+    /// touches it (the failing call touches them all as it ends), each without its
+    /// abort or goodbye, so every peer finds its link ended without a word.
+    Vanish,
     /// XOR `xor` (non-zero) into the header byte at the point's offset (below
     /// [`FaultPlan::HEADER_BYTES`]) of the frame; the rest goes unchanged.
     CorruptHeader {
@@ -60,7 +65,8 @@ pub struct FaultPoint {
 }
 
 /// One fault for a communicator: rank `rank`'s stream at `point` suffers `action`,
-/// once. Clones share whether and where it fired ([`FaultPlan::fired`]).
+/// once. Clones share whether and where it fired ([`FaultPlan::fired`]). Faults of
+/// other ranks may ride along ([`FaultPlan::and`]), one per rank.
 #[derive(Clone, Debug)]
 pub struct FaultPlan {
     rank: usize,
@@ -68,6 +74,8 @@ pub struct FaultPlan {
     action: FaultAction,
     /// The peer of the link where the fault acted, once it has.
     fired: Arc<Mutex<Option<usize>>>,
+    /// The plans of other ranks given with this one.
+    others: Vec<FaultPlan>,
 }
 
 impl PartialEq for FaultPlan {
@@ -94,7 +102,29 @@ impl FaultPlan {
                 )));
             }
         }
-        Ok(FaultPlan { rank, point, action, fired: Arc::default() })
+        Ok(FaultPlan { rank, point, action, fired: Arc::default(), others: Vec::new() })
+    }
+
+    /// This plan and `other`, for another rank, given together (to an in-process
+    /// group, whose ranks share one configuration). `other` keeps sharing
+    /// [`FaultPlan::fired`] with its clones. Refused for a rank that has a plan here.
+    pub fn and(mut self, other: FaultPlan) -> Result<FaultPlan> {
+        let mut added = vec![other.clone()];
+        added.extend(other.others.iter().cloned());
+        for p in &added {
+            if self.for_rank(p.rank).is_some() {
+                return Err(Error::InvalidArgument(format!("fault plan: two faults for rank {}", p.rank)));
+            }
+            let mut p = p.clone();
+            p.others.clear();
+            self.others.push(p);
+        }
+        Ok(self)
+    }
+
+    /// The plan of `rank`, if this one or one given with it is.
+    fn for_rank(&self, rank: usize) -> Option<&FaultPlan> {
+        std::iter::once(self).chain(&self.others).find(|p| p.rank == rank)
     }
 
     /// The rank whose outgoing stream the fault acts on.
@@ -129,10 +159,11 @@ impl FaultPlan {
     }
 }
 
-/// `link` of rank `rank`, wrapped when `plan` acts on it.
+/// `link` of rank `rank`, wrapped when `plan` acts on it (a vanishing rank's links
+/// all are: they all end when it vanishes).
 pub(crate) fn wrap(plan: Option<&FaultPlan>, rank: usize, link: Box<dyn Link>) -> Box<dyn Link> {
-    match plan {
-        Some(p) if p.rank == rank && p.point.peer.is_none_or(|q| q == link.peer()) => {
+    match plan.and_then(|p| p.for_rank(rank)) {
+        Some(p) if p.action == FaultAction::Vanish || p.point.peer.is_none_or(|q| q == link.peer()) => {
             Box::new(FaultLink::new(link, p.clone()))
         }
         _ => link,
@@ -209,7 +240,9 @@ impl FaultLink {
         if carries_data {
             // Only a frame whose header was seen whole before any of it was written can
             // be the plan's (this executor always hands a frame's whole rest over).
-            self.armed = self.at == 0 && self.data_frames == self.plan.point.frame;
+            self.armed = self.at == 0
+                && self.data_frames == self.plan.point.frame
+                && self.plan.point.peer.is_none_or(|q| q == self.peer);
             self.data_frames += 1;
         }
     }
@@ -231,7 +264,7 @@ impl FaultLink {
                 self.flow = Flow::Stalled;
                 Some(Ok(0))
             }
-            FaultAction::Cut => {
+            FaultAction::Cut | FaultAction::Vanish => {
                 self.inner = None;
                 self.flow = Flow::Cut;
                 Some(Err(cut_error(self.peer, io::ErrorKind::BrokenPipe)))
@@ -275,8 +308,17 @@ impl FaultLink {
 
     /// The wrapped link; an error once it was cut.
     fn link(&mut self) -> io::Result<&mut Box<dyn Link>> {
+        self.vanish_if_gone();
         let peer = self.peer;
         self.inner.as_mut().ok_or_else(|| cut_error(peer, io::ErrorKind::ConnectionReset))
+    }
+
+    /// A vanishing rank's other links end, unannounced, once it has vanished.
+    fn vanish_if_gone(&mut self) {
+        if self.plan.action == FaultAction::Vanish && self.inner.is_some() && self.plan.fired().is_some() {
+            self.inner = None;
+            self.flow = Flow::Cut;
+        }
     }
 }
 
@@ -322,6 +364,7 @@ impl Link for FaultLink {
     }
 
     fn try_write(&mut self, bufs: &[&[u8]]) -> io::Result<usize> {
+        self.vanish_if_gone();
         match self.flow {
             Flow::Stalled => return Ok(0),
             Flow::Cut => return Err(cut_error(self.peer, io::ErrorKind::BrokenPipe)),
@@ -372,6 +415,7 @@ impl Link for FaultLink {
     }
 
     fn close(&mut self) {
+        self.vanish_if_gone();
         if self.flow != Flow::Stalled {
             if let Some(l) = self.inner.as_mut() {
                 l.close();
@@ -385,6 +429,11 @@ impl Link for FaultLink {
 
     fn peek(&mut self, max: usize) -> io::Result<&[u8]> {
         self.link()?.peek(max)
+    }
+
+    fn peer_gone(&mut self) -> bool {
+        self.vanish_if_gone();
+        self.inner.as_mut().is_some_and(|l| l.peer_gone())
     }
 
     fn consume(&mut self, n: usize) {

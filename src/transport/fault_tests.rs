@@ -102,6 +102,56 @@ fn a_cut_delivers_the_bytes_before_it_then_both_ends_fail() {
     assert_eq!(p.fired(), Some(1));
 }
 
+/// Rank 0 vanishes on its link to rank 1 at byte 50 of the first data frame; its
+/// link to rank 2, which carried a frame before, ends the next time it is touched,
+/// its goodbye never leaving. Both peers find their links ended without a word.
+#[test]
+fn a_vanishing_rank_ends_all_its_links_unannounced() {
+    let p = FaultPlan::new(0, FaultPoint { peer: Some(1), frame: 0, offset: 50 }, FaultAction::Vanish).unwrap();
+    let (a1, mut b1) = LoopbackLink::pair(0, 1, 1 << 16);
+    let (a2, mut b2) = LoopbackLink::pair(0, 2, 1 << 16);
+    let (mut a1, mut a2) = (wrap(Some(&p), 0, Box::new(a1)), wrap(Some(&p), 0, Box::new(a2)));
+    // Rank 2's link is not the point's: its first data frame passes whole.
+    let before = frame(FrameKind::Data, 100, 5);
+    write_all(a2.as_mut(), &before, 1000).unwrap();
+    let f = frame(FrameKind::Data, 100, 9);
+    assert_eq!(a1.try_write(&[&f]).unwrap(), 50, "written up to the point");
+    assert_eq!(a1.try_write(&[&f[50..]]).unwrap_err().kind(), io::ErrorKind::BrokenPipe);
+    assert_eq!(p.fired(), Some(1));
+    assert!(a2.try_write(&[&frame(FrameKind::Goodbye, 0, 0)]).is_err(), "nothing leaves a vanished rank");
+    a2.close();
+    let (got, err) = read_now(&mut b1);
+    assert_eq!(got, f[..50]);
+    assert_eq!(err.expect("rank 1 sees its link end").kind(), io::ErrorKind::UnexpectedEof);
+    let (got, err) = read_now(&mut b2);
+    assert_eq!(got, before, "rank 2 gets what went before, and no goodbye");
+    assert_eq!(err.expect("rank 2 sees its link end").kind(), io::ErrorKind::UnexpectedEof);
+    assert!(b1.peer_gone() && b2.peer_gone());
+}
+
+/// Plans of several ranks ride together; each rank's links get only its own, and
+/// a second plan for one rank is refused.
+#[test]
+fn plans_of_several_ranks_ride_together() {
+    let at = |frame| FaultPoint { peer: None, frame, offset: 0 };
+    let p1 = FaultPlan::new(1, at(0), FaultAction::Vanish).unwrap();
+    let p3 = FaultPlan::new(3, at(2), FaultAction::Vanish).unwrap();
+    let both = p1.clone().and(p3.clone()).unwrap();
+    assert_eq!(both.for_rank(3), Some(&p3));
+    assert_eq!(both.for_rank(1), Some(&p1));
+    assert_eq!(both.for_rank(0), None);
+    assert!(both.clone().and(FaultPlan::new(3, at(1), FaultAction::Cut).unwrap()).is_err());
+    // The rank-3 plan inside shares its firing with the caller's copy.
+    let (a, mut b) = LoopbackLink::pair(3, 0, 1 << 16);
+    let mut a = wrap(Some(&both), 3, Box::new(a));
+    for k in 0..3 {
+        let r = a.try_write(&[&frame(FrameKind::Data, 8, k)]);
+        assert_eq!(r.is_err(), k == 2, "frame {k}");
+    }
+    assert_eq!((p3.fired(), p1.fired()), (Some(0), None));
+    assert_eq!(read_now(&mut b).0.len(), 2 * frame(FrameKind::Data, 8, 0).len());
+}
+
 #[test]
 fn a_stall_holds_everything_from_the_point_and_keeps_the_link_open() {
     let p = plan(1, 0, FaultAction::Stall);

@@ -32,11 +32,28 @@ pub fn comms(net: Net, world: usize, timeout: Duration) -> Vec<Communicator> {
 /// [`comms`], with rooted calls first agreeing on their signature when `check_roots`
 /// (`BRAID_CHECK_ROOTS`).
 pub fn comms_checking_roots(net: Net, world: usize, timeout: Duration, check_roots: bool) -> Vec<Communicator> {
+    build_comms(net, world, timeout, check_roots, None)
+}
+
+/// [`comms`] with `plan`'s faults injected (`braid::fault`) and no tuner probe,
+/// whose traffic would shift the frames a plan counts.
+pub fn comms_with_fault(net: Net, world: usize, timeout: Duration, plan: braid::fault::FaultPlan) -> Vec<Communicator> {
+    build_comms(net, world, timeout, true, Some(plan))
+}
+
+fn build_comms(
+    net: Net,
+    world: usize,
+    timeout: Duration,
+    check_roots: bool,
+    plan: Option<braid::fault::FaultPlan>,
+) -> Vec<Communicator> {
     match net {
         Net::InProc => {
             let mut cfg = Config::new(0, world);
             cfg.timeout = timeout;
             cfg.check_roots = check_roots;
+            cfg.fault = plan;
             Communicator::in_process_with(cfg).expect("in-process communicators")
         }
         Net::Tcp | Net::Shm => {
@@ -44,16 +61,18 @@ pub fn comms_checking_roots(net: Net, world: usize, timeout: Duration, check_roo
             let store: Arc<dyn braid::bootstrap::Store> = Arc::new(MemStore::new());
             let handles: Vec<_> = (0..world)
                 .map(|rank| {
-                    let store = store.clone();
+                    let (store, plan) = (store.clone(), plan.clone());
                     std::thread::spawn(move || {
-                        Communicator::builder(rank, world)
+                        let mut b = Communicator::builder(rank, world)
                             .store(store)
                             .socket_ifname("lo")
                             .transports(vec![kind])
                             .timeout(timeout)
-                            .check_roots(check_roots)
-                            .build()
-                            .expect("tcp communicator")
+                            .check_roots(check_roots);
+                        if let Some(plan) = plan {
+                            b = b.fault_plan(plan).tuner_probe(false);
+                        }
+                        b.build().expect("tcp communicator")
                     })
                 })
                 .collect();
