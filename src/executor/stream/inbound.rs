@@ -167,11 +167,7 @@ pub(super) fn progress_recv(ch: &mut StreamChannel, peer: usize, gates: &mut [us
                     // An end of the link (orderly or not) between frames is only an
                     // error if this rank still needs the peer; mid-header it always is.
                     Err(e) if *have == 0 => {
-                        ch.rx = Rx::Gone(if ch.said_goodbye && e.kind() == io::ErrorKind::UnexpectedEof {
-                            Gone::Goodbye
-                        } else {
-                            Gone::Lost(e.kind(), e.to_string())
-                        });
+                        ch.rx = Rx::Gone(ended(ch.said_goodbye, &e));
                         continue;
                     }
                     Err(e) => return Err(peer_error(call, peer, ch.said_goodbye, e)),
@@ -536,11 +532,7 @@ pub(super) fn read_ahead(ch: &mut StreamChannel, mut mismatch: impl FnMut(&Heade
                     Ok(n) => n,
                     // The end of the link between frames: everything it held is read.
                     Err(e) if *have == 0 => {
-                        ch.rx = Rx::Gone(if ch.said_goodbye && e.kind() == io::ErrorKind::UnexpectedEof {
-                            Gone::Goodbye
-                        } else {
-                            Gone::Lost(e.kind(), e.to_string())
-                        });
+                        ch.rx = Rx::Gone(ended(ch.said_goodbye, &e));
                         break;
                     }
                     Err(_) => break,
@@ -598,6 +590,15 @@ pub(super) fn read_ahead(ch: &mut StreamChannel, mut mismatch: impl FnMut(&Heade
         }
     }
     None
+}
+
+/// Why a peer is gone whose link ended with `e` between frames.
+fn ended(said_goodbye: bool, e: &io::Error) -> Gone {
+    if said_goodbye && e.kind() == io::ErrorKind::UnexpectedEof {
+        Gone::Goodbye
+    } else {
+        Gone::Lost(e.kind(), e.to_string())
+    }
 }
 
 /// Read more of an abort's reason (`want` bytes in all) into `buf`; returns the
