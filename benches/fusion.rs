@@ -6,13 +6,23 @@
 //! and waits for every handle. `one_buffer` all-reduces one buffer holding as many
 //! bytes as all the tensors together: no fusion can beat it (it packs nothing and
 //! makes one call), so per_tensor / one_buffer bounds what fusion can gain here.
+//! `bucket_views` all-reduces the same tensors laid out in a
+//! [`braid::fusion::GradientBuffer`] (default 64 MiB buckets): in place, no copies.
+//!
+//! A synthetic backward pass (issue 39): the 1,000 tensors are 50 layers of 20,
+//! whose gradients are written last layer first, each layer after a compute of
+//! calibrated length (busy, on the rank's thread; a step's compute is about the
+//! one-buffer all-reduce time, measured first). `backward_compute` is the compute
+//! alone, `backward_comm` the all-reduce of the written gradients alone (buckets of
+//! `BACKWARD_BUCKET`), `backward_overlap` both, each bucket's all-reduce starting as
+//! its last gradient is written ([`braid::fusion::GradientBuffer::all_reduce_as_ready`]).
 
 mod common;
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use braid::fusion::{FusedWork, Fuser, FusionConfig};
+use braid::fusion::{FusedWork, Fuser, FusionConfig, GradientBuffer, Overlap};
 use braid::TransportKind;
 use braid::{Communicator, ReduceOp};
 use common::comms;
@@ -20,6 +30,11 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 const WORLD: usize = 2;
 const TENSORS: usize = 1000;
+/// Layers of the synthetic backward pass (tensors per layer: TENSORS / LAYERS).
+const LAYERS: usize = 50;
+/// Bucket size of the backward pass: small enough that buckets leave while later
+/// layers compute (15.1 MB in about 8 buckets).
+const BACKWARD_BUCKET: usize = 2 << 20;
 
 /// Element counts of the tensors: 1 KiB to 64 KiB, log-uniform, the same on every rank.
 fn sizes() -> Vec<usize> {
@@ -40,32 +55,98 @@ enum Mode {
     PerTensor,
     Fused,
     OneBuffer,
+    BucketViews,
+    /// The backward pass: compute alone, all-reduce alone, or both overlapped;
+    /// the compute of one layer.
+    BackwardCompute(Layer),
+    BackwardComm,
+    BackwardOverlap(Layer),
+}
+
+/// A layer's compute: its length, and whether it keeps this thread's core busy
+/// (training on the CPU) or leaves it free (an accelerator computes, the thread
+/// sleeps until it is done).
+#[derive(Clone, Copy)]
+struct Layer {
+    time: Duration,
+    on_cpu: bool,
+}
+
+/// Sleeps of this thread end when asked, not up to 50 µs later (the default timer
+/// slack is as long as a layer's compute here).
+fn fine_sleeps() {
+    // SAFETY: prctl(PR_SET_TIMERSLACK) takes an integer and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64) };
+}
+
+fn compute(layer: Layer) {
+    if !layer.on_cpu {
+        std::thread::sleep(layer.time);
+        return;
+    }
+    let t = Instant::now();
+    while t.elapsed() < layer.time {
+        std::hint::spin_loop();
+    }
+}
+
+/// Writes the gradient of tensor `i` (last layer first: tensor 0 is in the last
+/// layer), after its layer's compute when it is the layer's first tensor.
+fn backward_step(i: usize, t: &mut [f32], per_layer: Layer) {
+    if i.is_multiple_of(TENSORS / LAYERS) {
+        compute(per_layer);
+    }
+    t.fill(0.0);
 }
 
 /// One rank: its communicator (inside a fuser for `Fused`) and its tensors.
 struct Rank {
+    mode: Mode,
     comm: Option<Communicator>,
     fuser: Option<Fuser>,
     tensors: Vec<Vec<f32>>,
+    grads: Option<GradientBuffer<f32>>,
 }
 
 impl Rank {
     fn new(comm: Communicator, mode: Mode) -> Rank {
         // Zeros: sums stay zero however many iterations run (exactness is tests' work).
-        let tensors = sizes().into_iter().map(|n| vec![0.0f32; n]).collect();
-        match mode {
-            Mode::PerTensor => Rank { comm: Some(comm), fuser: None, tensors },
+        let tensors: Vec<Vec<f32>> = sizes().into_iter().map(|n| vec![0.0f32; n]).collect();
+        let lens: Vec<usize> = tensors.iter().map(Vec::len).collect();
+        let views = |bytes| Some(GradientBuffer::new(&lens, bytes));
+        let (comm, fuser, tensors, grads) = match mode {
+            Mode::PerTensor => (Some(comm), None, tensors, None),
             Mode::OneBuffer => {
                 let total = tensors.iter().map(Vec::len).sum();
-                Rank { comm: Some(comm), fuser: None, tensors: vec![vec![0.0f32; total]] }
+                (Some(comm), None, vec![vec![0.0f32; total]], None)
             }
-            Mode::Fused => Rank { comm: None, fuser: Some(Fuser::new(comm, FusionConfig::default())), tensors },
-        }
+            Mode::Fused => (None, Some(Fuser::new(comm, FusionConfig::default())), tensors, None),
+            Mode::BucketViews => (Some(comm), None, Vec::new(), views(FusionConfig::default().threshold_bytes)),
+            Mode::BackwardCompute(_) | Mode::BackwardComm | Mode::BackwardOverlap(_) => {
+                (Some(comm), None, Vec::new(), views(BACKWARD_BUCKET))
+            }
+        };
+        Rank { mode, comm, fuser, tensors, grads }
     }
 
     fn iterate(&mut self, iters: u64) {
         for _ in 0..iters {
-            if let Some(comm) = &self.comm {
+            if let (Some(grads), Some(comm)) = (&mut self.grads, &self.comm) {
+                match self.mode {
+                    Mode::BackwardCompute(d) => {
+                        for (i, t) in grads.tensors_mut().into_iter().enumerate() {
+                            backward_step(i, t, d);
+                        }
+                    }
+                    Mode::BackwardOverlap(d) => {
+                        // Auto on the CPU (inline on this 2-core machine); the worker when
+                        // a device computes and the core is free.
+                        grads.set_overlap(if d.on_cpu { Overlap::Auto } else { Overlap::Worker });
+                        grads.all_reduce_as_ready(comm, ReduceOp::Sum, |i, t| backward_step(i, t, d)).expect("overlap")
+                    }
+                    _ => grads.all_reduce(comm, ReduceOp::Sum).expect("bucket views"),
+                }
+            } else if let Some(comm) = &self.comm {
                 for t in &mut self.tensors {
                     comm.all_reduce_in_place(t, ReduceOp::Sum).expect("all-reduce");
                 }
@@ -88,10 +169,12 @@ struct Pair {
 
 impl Pair {
     fn new(mut comms: Vec<Communicator>, mode: Mode) -> Pair {
+        fine_sleeps();
         let (tx, rx) = mpsc::channel::<u64>();
         let (done_tx, done) = mpsc::channel();
         let c1 = comms.pop().expect("rank 1");
         std::thread::spawn(move || {
+            fine_sleeps();
             let mut me = Rank::new(c1, mode);
             for iters in rx {
                 me.iterate(iters);
@@ -113,16 +196,40 @@ impl Pair {
 fn bench(c: &mut Criterion) {
     let bytes: usize = sizes().iter().map(|n| n * 4).sum();
     for (name, kind) in [("inproc", None), ("shm", Some(TransportKind::Shm)), ("tcp", Some(TransportKind::Tcp))] {
+        let group = || match kind {
+            None => Communicator::in_process(WORLD).expect("inproc"),
+            Some(k) => comms(WORLD, k, None),
+        };
+        // The backward pass's compute per step: the one-buffer all-reduce's time
+        // (median of 9 after a warm-up), spread over the layers.
+        let per_layer = {
+            let mut pair = Pair::new(group(), Mode::OneBuffer);
+            pair.time(3);
+            let mut t: Vec<Duration> = (0..9).map(|_| pair.time(1)).collect();
+            t.sort_unstable();
+            t[4] / LAYERS as u32
+        };
+        eprintln!(
+            "fusion bench: {name}: backward compute {per_layer:?} per layer, {:?} per step",
+            per_layer * LAYERS as u32
+        );
         let mut g = c.benchmark_group(format!("fusion_1000_tensors_{name}_{WORLD}ranks"));
         g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
         g.throughput(Throughput::Bytes(bytes as u64));
-        for (label, mode) in [("per_tensor", Mode::PerTensor), ("fused", Mode::Fused), ("one_buffer", Mode::OneBuffer)]
-        {
-            let comms = match kind {
-                None => Communicator::in_process(WORLD).expect("inproc"),
-                Some(k) => comms(WORLD, k, None),
-            };
-            let mut pair = Pair::new(comms, mode);
+        let (cpu, device) = (Layer { time: per_layer, on_cpu: true }, Layer { time: per_layer, on_cpu: false });
+        let modes = [
+            ("per_tensor", Mode::PerTensor),
+            ("fused", Mode::Fused),
+            ("one_buffer", Mode::OneBuffer),
+            ("bucket_views", Mode::BucketViews),
+            ("backward_comm", Mode::BackwardComm),
+            ("backward_compute_cpu", Mode::BackwardCompute(cpu)),
+            ("backward_overlap_cpu", Mode::BackwardOverlap(cpu)),
+            ("backward_compute_device", Mode::BackwardCompute(device)),
+            ("backward_overlap_device", Mode::BackwardOverlap(device)),
+        ];
+        for (label, mode) in modes {
+            let mut pair = Pair::new(group(), mode);
             g.bench_function(label, |b| b.iter_custom(|iters| pair.time(iters)));
         }
         g.finish();

@@ -40,3 +40,47 @@ for g in groups:
     print(f"| {name} | {statistics.median(pt):.2f} | {statistics.median(fu):.2f} | {statistics.median(ob):.2f} | "
           f"{', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} | {statistics.median(bounds):.2f} |")
 PY
+# Issue 39: every mode against the one-buffer bound, per run and median (modes
+# that a run lacks are skipped).
+python3 - "$out/estimates.tsv" <<'PY'
+import statistics, sys
+from collections import defaultdict
+t = defaultdict(dict)
+for line in open(sys.argv[1]):
+    run, group, mode, ms = line.split("\t")
+    t[(group, run)][mode] = float(ms)
+groups = sorted({g for g, _ in t})
+print()
+print("| transport | mode | ms, per run | median ms | / one buffer, per run | median |")
+print("|---|---|---|---|---|---|")
+for g in groups:
+    runs = sorted(r for gg, r in t if gg == g)
+    name = g.replace("fusion_1000_tensors_", "").replace("_2ranks", "")
+    modes = sorted({m for r in runs for m in t[(g, r)]})
+    for m in modes:
+        rs = [r for r in runs if m in t[(g, r)] and "one_buffer" in t[(g, r)]]
+        if not rs:
+            continue
+        ms = [t[(g, r)][m] for r in rs]
+        ratio = [t[(g, r)][m] / t[(g, r)]["one_buffer"] for r in rs]
+        print(f"| {name} | {m} | {', '.join(f'{x:.2f}' for x in ms)} | {statistics.median(ms):.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in ratio)} | {statistics.median(ratio):.2f} |")
+# The backward pass: overlapped against max(compute alone, communication alone)
+# and against their sum, per run.
+print()
+print("| transport | compute | overlapped ms, median | / max(compute, comm), per run | median | / (compute + comm), median |")
+print("|---|---|---|---|---|---|")
+for g in groups:
+    runs = sorted(r for gg, r in t if gg == g)
+    name = g.replace("fusion_1000_tensors_", "").replace("_2ranks", "")
+    for kind in ("cpu", "device"):
+        o, c = f"backward_overlap_{kind}", f"backward_compute_{kind}"
+        rs = [r for r in runs if {o, c, "backward_comm"} <= t[(g, r)].keys()]
+        if not rs:
+            continue
+        ov = [t[(g, r)][o] for r in rs]
+        vmax = [t[(g, r)][o] / max(t[(g, r)][c], t[(g, r)]["backward_comm"]) for r in rs]
+        vsum = [t[(g, r)][o] / (t[(g, r)][c] + t[(g, r)]["backward_comm"]) for r in rs]
+        print(f"| {name} | {kind} | {statistics.median(ov):.2f} | {', '.join(f'{x:.2f}' for x in vmax)} | "
+              f"{statistics.median(vmax):.2f} | {statistics.median(vsum):.2f} |")
+PY

@@ -292,6 +292,14 @@ impl Communicator {
         self.core.world
     }
 
+    /// Ranks of this communicator on this rank's host, itself included (as the
+    /// communicator placed them: every rank of an in-process group).
+    pub fn local_ranks(&self) -> usize {
+        let e = self.core.shared.lock_engine();
+        let me = e.hosts.get(self.rank()).copied();
+        e.hosts.iter().filter(|&&h| Some(h) == me).count().max(1)
+    }
+
     /// The deadline of every wait of this communicator (`BRAID_TIMEOUT`). Waits for
     /// a call in progress on another thread to finish.
     pub fn timeout(&self) -> std::time::Duration {

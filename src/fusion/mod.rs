@@ -22,9 +22,11 @@
 //! caller must not issue its own on the same communicator until every handle is
 //! waited on (or use a [`Communicator::split`] of it).
 
+mod buckets;
 mod compress;
 pub mod plan;
 
+pub use buckets::{GradientBuffer, Overlap};
 pub use compress::Compression;
 
 use std::any::Any;
