@@ -2,13 +2,13 @@
 //!
 //! ```text
 //! cargo run --release --example train_digits -- \
-//!     --strategy one-device|mirrored|multi-worker|central-storage|parameter-server \
+//!     --strategy one-device|mirrored|multi-worker|central-storage|parameter-server|sharded \
 //!     --replicas N --epochs E --global-batch B --seed S [--lr LR] [--checkpoint DIR] \
-//!     [--ps K] [--staleness S]
+//!     [--ps K] [--staleness S] [--momentum M]
 //! ```
 //!
 //! Prints a line per epoch and ends with `final loss=<x> accuracy=<y>` (test set).
-//! `multi-worker` runs one process per replica, and `parameter-server` one per
+//! `multi-worker` and `sharded` run one process per replica, and `parameter-server` one per
 //! worker (`--replicas`) plus one per server (`--ps`, default 1; ranks `0..K`
 //! serve): under a launcher (`braid run`, torchrun, mpirun, Slurm) they join the
 //! job; otherwise they start their own ranks (copies of this program on this
@@ -27,6 +27,11 @@
 //! (`MultiWorkerMirrored::join`) and trains from the step it was taken in at. The
 //! last leader prints `steps=N` (steps completed), each recovery and growth, and
 //! a digest of the final weights (as every strategy does).
+//!
+//! `sharded` (ZeRO stages 1 and 2): each replica updates its shard of the weights
+//! and keeps its shard of the optimizer state; every replica prints how many state
+//! values it holds against one device's. `--momentum M` (sharded only) trains with
+//! SGD with momentum M, whose state is sharded; without it the update is plain SGD.
 
 #[path = "digits/mlp.rs"]
 mod mlp;
@@ -38,7 +43,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use braid::strategy::{
-    CentralStorage, CrossReplica, Mirrored, MultiWorkerMirrored, OneDevice, ParameterServer, Strategy, Tensors,
+    CentralStorage, CrossReplica, Mirrored, Momentum, MultiWorkerMirrored, OneDevice, ParameterServer, Sharded,
+    Strategy, Tensors,
 };
 
 struct Args {
@@ -55,11 +61,12 @@ struct Args {
     elastic: bool,
     min_replicas: usize,
     replace: bool,
+    momentum: f32,
 }
 
-const USAGE: &str = "usage: train_digits --strategy one-device|mirrored|multi-worker|central-storage|parameter-server \
+const USAGE: &str = "usage: train_digits --strategy one-device|mirrored|multi-worker|central-storage|parameter-server|sharded \
 [--replicas N] [--epochs E] [--global-batch B] [--seed S] [--lr LR] [--checkpoint DIR] [--data FILE] [--ps K] [--staleness S] \
-[--elastic [--min-replicas M] [--replace]]";
+[--elastic [--min-replicas M] [--replace]] [--momentum M]";
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
@@ -76,6 +83,7 @@ fn parse() -> Result<Args, String> {
         elastic: false,
         min_replicas: 1,
         replace: false,
+        momentum: 0.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -95,6 +103,7 @@ fn parse() -> Result<Args, String> {
             "--elastic" => a.elastic = true,
             "--min-replicas" => a.min_replicas = num(value()?)? as usize,
             "--replace" => a.replace = true,
+            "--momentum" => a.momentum = value()?.parse().map_err(|_| "--momentum: not a number".to_string())?,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
@@ -104,6 +113,9 @@ fn parse() -> Result<Args, String> {
     }
     if a.elastic && a.strategy != "multi-worker" {
         return Err("--elastic applies to --strategy multi-worker".into());
+    }
+    if a.momentum != 0.0 && a.strategy != "sharded" {
+        return Err("--momentum applies to --strategy sharded".into());
     }
     Ok(a)
 }
@@ -115,6 +127,28 @@ fn make(a: &Args, vars: Tensors) -> Result<Box<dyn Strategy>, String> {
         "mirrored" => Box::new(Mirrored::new(a.replicas, vars, CrossReplica::AllReduce).map_err(e)?),
         "central-storage" => Box::new(CentralStorage::new(a.replicas, vars).map_err(e)?),
         "multi-worker" => Box::new(MultiWorkerMirrored::from_env(vars).map_err(e)?),
+        "sharded" => {
+            let comm = braid::Communicator::from_env().map_err(e)?;
+            let s = if a.momentum == 0.0 {
+                Sharded::new(comm, vars).map_err(e)?
+            } else {
+                let opt = Momentum { lr: a.lr, momentum: a.momentum };
+                Sharded::with_optimizer(comm, vars, Box::new(opt)).map_err(e)?
+            };
+            let whole = s.communicator().world_size();
+            let shard = s.shard();
+            let total: usize = s.variables().iter().map(Vec::len).sum();
+            let per = usize::from(a.momentum != 0.0);
+            println!(
+                "replica {}: shard {}..{} of {total} weights; optimizer state {} values, one device's {} (1/{whole})",
+                s.communicator().rank(),
+                shard.start,
+                shard.end,
+                s.optimizer_state_len(),
+                per * total
+            );
+            Box::new(s)
+        }
         other => return Err(format!("unknown strategy `{other}`\n{USAGE}")),
     })
 }
@@ -153,7 +187,7 @@ fn launch(ranks: usize) -> Result<(), String> {
 
 fn run(a: &Args) -> Result<(), String> {
     let ps = a.strategy == "parameter-server";
-    if (a.strategy == "multi-worker" || ps) && !launched() {
+    if (a.strategy == "multi-worker" || a.strategy == "sharded" || ps) && !launched() {
         if a.elastic {
             return elastic::launch(a.replicas, a.min_replicas, a.replace);
         }

@@ -11,7 +11,9 @@ mod mlp;
 use std::path::PathBuf;
 use std::process::Command;
 
-use braid::strategy::{CentralStorage, CrossReplica, Mirrored, MultiWorkerMirrored, OneDevice, Strategy, Tensors};
+use braid::strategy::{
+    CentralStorage, CrossReplica, Mirrored, Momentum, MultiWorkerMirrored, OneDevice, Sharded, Strategy, Tensors,
+};
 use braid::Communicator;
 
 const SEED: u64 = 7;
@@ -35,21 +37,28 @@ fn max_diff(a: &Tensors, b: &Tensors) -> f32 {
     a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-/// Multi-worker replicas as threads over one in-process communicator each.
-fn multi_worker(n: usize, d: &(mlp::Data, mlp::Data), epochs: u64) -> Vec<(Tensors, mlp::Epoch)> {
+/// One-process-per-replica strategies (made by `make`), as threads over one
+/// in-process communicator each.
+fn per_process<S: Strategy>(
+    n: usize,
+    d: &(mlp::Data, mlp::Data),
+    epochs: u64,
+    make: impl Fn(Communicator) -> S + Sync,
+) -> Vec<(Tensors, mlp::Epoch)> {
     let comms = Communicator::in_process(n).expect("communicators");
+    let make = &make;
     std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .into_iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let mut w = MultiWorkerMirrored::new(c, mlp::init(SEED)).expect("multi-worker");
-                    fit(&mut w, d, epochs)
-                })
-            })
-            .collect();
+        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(move || fit(&mut make(c), d, epochs))).collect();
         hs.into_iter().map(|h| h.join().expect("worker")).collect()
     })
+}
+
+fn multi_worker(n: usize, d: &(mlp::Data, mlp::Data), epochs: u64) -> Vec<(Tensors, mlp::Epoch)> {
+    per_process(n, d, epochs, |c| MultiWorkerMirrored::new(c, mlp::init(SEED)).expect("multi-worker"))
+}
+
+fn sharded(n: usize, d: &(mlp::Data, mlp::Data), epochs: u64) -> Vec<(Tensors, mlp::Epoch)> {
+    per_process(n, d, epochs, |c| Sharded::new(c, mlp::init(SEED)).expect("sharded"))
 }
 
 #[test]
@@ -69,6 +78,10 @@ fn synchronous_strategies_end_with_the_one_device_weights() {
             let diff = max_diff(&got, &want);
             assert!(diff <= 1e-5, "multi-worker x{n} rank {rank}: {diff}");
         }
+        for (rank, (got, _)) in sharded(n, &d, 5).into_iter().enumerate() {
+            let diff = max_diff(&got, &want);
+            assert!(diff <= 1e-5, "sharded x{n} rank {rank}: {diff}");
+        }
     }
 }
 
@@ -83,6 +96,30 @@ fn twenty_epochs_reach_093_test_accuracy() {
     assert!(c.accuracy >= 0.93, "central-storage: {c:?}");
     for (_, w) in multi_worker(2, &d, 20) {
         assert!(w.accuracy >= 0.93, "multi-worker: {w:?}");
+    }
+    for (_, w) in sharded(4, &d, 20) {
+        assert!(w.accuracy >= 0.93, "sharded: {w:?}");
+    }
+}
+
+/// Sharded momentum: 2 and 4 replicas, each holding its shard of the state, end
+/// with the weights of 1 replica holding all of it (one device's optimizer).
+#[test]
+fn sharded_momentum_ends_with_the_weights_of_one_replica_holding_all_the_state() {
+    let d = data();
+    let run = |n| {
+        per_process(n, &d, 5, |c| {
+            let s = Sharded::with_optimizer(c, mlp::init(SEED), Box::new(Momentum { lr: 0.05, momentum: 0.9 }));
+            s.expect("sharded")
+        })
+    };
+    let (want, one) = run(1).remove(0);
+    assert!(one.accuracy >= 0.9, "{one:?}");
+    for n in [2, 4] {
+        for (rank, (got, _)) in run(n).into_iter().enumerate() {
+            let diff = max_diff(&got, &want);
+            assert!(diff <= 1e-5, "sharded momentum x{n} rank {rank}: {diff}");
+        }
     }
 }
 

@@ -16,10 +16,11 @@
 //! | [`MultiWorkerMirrored`] | one per process, any hosts | all-reduce through a fuser over a store-built communicator |
 //! | [`CentralStorage`] | threads of this process | reduced to the one copy of the variables, applied once, new values broadcast |
 //! | [`ParameterServer`] | one per process, any hosts | asynchronous: workers push to and pull from the servers' shards, never waiting for each other |
+//! | [`Sharded`] | one per process, any hosts | reduce-scatter: each replica updates its shard with its shard of the optimizer state, then all-gather (ZeRO stages 1 and 2) |
 //!
 //! Files: `mod.rs` the trait and shared pieces; `one_device.rs`; `mirrored.rs`
 //! (mirrored and multi-worker); `elastic.rs` (multi-worker going on without lost
-//! workers); `central_storage.rs`; `parameter_server.rs`; `checkpoint.rs`.
+//! workers); `central_storage.rs`; `parameter_server.rs`; `sharded.rs`; `checkpoint.rs`.
 
 mod central_storage;
 mod checkpoint;
@@ -27,6 +28,7 @@ pub mod elastic;
 mod mirrored;
 mod one_device;
 mod parameter_server;
+mod sharded;
 
 use std::ops::Range;
 use std::path::Path;
@@ -37,6 +39,7 @@ pub use elastic::Recovery;
 pub use mirrored::{CrossReplica, Mirrored, MultiWorkerMirrored};
 pub use one_device::OneDevice;
 pub use parameter_server::{ParameterServer, ServeReport};
+pub use sharded::{Momentum, ShardOptimizer, Sharded};
 
 use crate::error::Result;
 
@@ -205,5 +208,7 @@ fn same_shapes(a: &Tensors, b: &Tensors) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.len() == y.len())
 }
 
+#[cfg(test)]
+mod sharded_tests;
 #[cfg(test)]
 mod tests;
