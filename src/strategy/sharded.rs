@@ -115,6 +115,13 @@ impl Sharded {
         &self.comm
     }
 
+    /// Where this replica's shard of the optimizer state is saved beside `path`.
+    fn state_path(&self, path: &Path) -> std::path::PathBuf {
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".state{}of{}", self.comm.rank(), self.comm.world_size()));
+        name.into()
+    }
+
     fn counts(&self) -> Vec<usize> {
         self.shards.iter().map(Range::len).collect()
     }
@@ -191,18 +198,47 @@ impl Strategy for Sharded {
         Ok(())
     }
     /// Replica 0 writes the variables (every replica holds them whole after a
-    /// step); the optimizer state is not saved: a restored run restarts it at zero.
+    /// step); each replica with optimizer state writes its shard of it beside them
+    /// (`{path}.state{rank}of{replicas}`).
     fn save(&mut self, path: &Path, epoch: u64) -> Result<()> {
-        let written = if self.comm.rank() == 0 {
+        let rank = self.comm.rank();
+        let mut written = if rank == 0 {
             super::write_checkpoint(path, &super::Checkpoint { epoch, vars: self.vars.clone() })
         } else {
             Ok(())
         };
+        if written.is_ok() && !self.state.is_empty() {
+            let state = super::Checkpoint { epoch, vars: vec![self.state.clone()] };
+            written = super::write_checkpoint(&self.state_path(path), &state);
+        }
         let failed = self.reduce(Reduction::Sum, &[if written.is_ok() { 0.0 } else { 1.0 }])?;
         written?;
         if failed != 0.0 {
-            return Err(Error::Broken(format!("rank 0 could not write the checkpoint {}", path.display())));
+            return Err(Error::Broken(format!(
+                "a replica could not write its part of the checkpoint {}",
+                path.display()
+            )));
         }
         Ok(())
+    }
+    /// The variables, and this replica's shard of the optimizer state when it
+    /// keeps one (from a checkpoint of as many replicas, of the same epoch).
+    fn restore(&mut self, path: &Path) -> Result<u64> {
+        let c = super::read_checkpoint(path, Some(&self.vars))?;
+        self.set_variables(c.vars)?;
+        if !self.state.is_empty() {
+            let like = vec![vec![0.0f32; self.state.len()]];
+            let s = super::read_checkpoint(&self.state_path(path), Some(&like))?;
+            if s.epoch != c.epoch {
+                return Err(Error::InvalidArgument(format!(
+                    "sharded restore: the optimizer state beside {} is of epoch {}, the variables of epoch {}",
+                    path.display(),
+                    s.epoch,
+                    c.epoch
+                )));
+            }
+            self.state.copy_from_slice(&s.vars[0]);
+        }
+        Ok(c.epoch)
     }
 }

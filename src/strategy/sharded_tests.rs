@@ -121,3 +121,48 @@ fn wrong_gradient_shapes_fail_every_replica() {
     assert!(seen[1].as_ref().unwrap_err().contains("shapes"), "{seen:?}");
     assert!(seen.iter().all(Result::is_err), "every replica fails: {seen:?}");
 }
+
+/// A checkpoint keeps the sharded momentum: 3 epochs, save, a fresh strategy
+/// restores and trains 3 more, ending where 6 uninterrupted epochs end.
+#[test]
+fn a_checkpoint_keeps_the_shards_of_the_state() {
+    let opt = Momentum { lr: 0.05, momentum: 0.9 };
+    let dir = std::env::temp_dir().join(format!("braid-sharded-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.ckpt");
+    let whole = on_replicas(
+        2,
+        |c| Sharded::with_optimizer(c, init(), Box::new(opt)).unwrap(),
+        |s| {
+            train(s, 6, 7);
+            s.variables().clone()
+        },
+    );
+    let p = &path;
+    on_replicas(
+        2,
+        |c| Sharded::with_optimizer(c, init(), Box::new(opt)).unwrap(),
+        |s| {
+            train(s, 3, 7);
+            s.save(p, 3).unwrap();
+        },
+    );
+    let resumed = on_replicas(
+        2,
+        |c| Sharded::with_optimizer(c, init(), Box::new(opt)).unwrap(),
+        |s| {
+            assert_eq!(s.restore(p).unwrap(), 3);
+            train(s, 3, 7);
+            s.variables().clone()
+        },
+    );
+    for (a, b) in whole.iter().zip(&resumed) {
+        assert!(max_diff(a, b) <= 1e-6, "{a:?} vs {b:?}");
+    }
+    // Without the state shards, the same restore is refused, not silently reset.
+    std::fs::remove_file(dir.join("model.ckpt.state1of2")).unwrap();
+    let refused =
+        on_replicas(2, |c| Sharded::with_optimizer(c, init(), Box::new(opt)).unwrap(), |s| s.restore(p).is_err());
+    assert_eq!(refused, vec![false, true]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
