@@ -24,7 +24,9 @@
 //! makes worker W (its first rank) kill itself with SIGKILL before step S of
 //! epoch E. With `--replace` the launcher starts a replacement for each killed
 //! worker (as torchrun's `--max-restarts` would), which joins the running job
-//! (`MultiWorkerMirrored::join`) and trains from the step it was taken in at. The
+//! (`MultiWorkerMirrored::join`) and trains from the step it was taken in at; the
+//! survivors hold the step after a loss until the replacement waits
+//! (`await_replacements`), and close joining when training ends. The
 //! last leader prints `steps=N` (steps completed), each recovery and growth, and
 //! a digest of the final weights (as every strategy does).
 //!
@@ -204,7 +206,7 @@ fn run(a: &Args) -> Result<(), String> {
         Box::new(p)
     } else if a.elastic {
         let plan = mlp::Schedule { from: 0, epochs: a.epochs, global_batch: a.global_batch, seed: a.seed, lr: a.lr };
-        return elastic::train(plan, a.min_replicas, mlp::init(a.seed), (&train, &test));
+        return elastic::train(plan, a.min_replicas, a.replace, mlp::init(a.seed), (&train, &test));
     } else {
         make(a, mlp::init(a.seed))?
     };

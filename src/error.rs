@@ -136,6 +136,16 @@ pub enum Error {
     #[error("unsupported: {0}")]
     Unsupported(String),
 
+    /// A process waiting to join a running job was not taken in: the job closed
+    /// joining ([`crate::Communicator::close_joining`]), usually because it ended.
+    #[error("joining `{name}` as ticket {ticket}: the job closed joining (it ended) before taking this process in")]
+    JoinClosed {
+        /// The name the process waited under.
+        name: String,
+        /// Its place in the queue.
+        ticket: u64,
+    },
+
     /// An accelerator (device) operation failed: the driver's error, naming the device.
     #[error("device error: {0}")]
     Device(String),
@@ -204,6 +214,7 @@ impl Error {
             Error::Broken(m) => Error::Broken(m.clone()),
             Error::Aborted { rank, call } => Error::Aborted { rank: *rank, call: *call },
             Error::Unsupported(m) => Error::Unsupported(m.clone()),
+            Error::JoinClosed { name, ticket } => Error::JoinClosed { name: name.clone(), ticket: *ticket },
             Error::Device(m) => Error::Device(m.clone()),
         }
     }

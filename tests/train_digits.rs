@@ -330,7 +330,11 @@ fn elastic_multi_worker_training_survives_two_killed_workers() {
     let out = stdout(&replaced);
     assert!(accuracy_of(&final_line(&replaced)) >= 0.93, "{out}");
     assert!(out.contains("steps=900 expected=900"), "{out}");
-    assert_eq!(out.matches("growth: after step").count(), 2, "{out}");
+    // The survivors hold the step after each loss until the replacement waits,
+    // so each is taken in at once, back to four.
+    let growths: Vec<&str> = out.lines().filter(|l| l.starts_with("growth: after step")).collect();
+    assert_eq!(growths.len(), 2, "{out}");
+    assert!(growths.iter().all(|l| l.ends_with("replicas 3 -> 4")), "{out}");
     assert_eq!(out.matches("worker joined as rank").count(), 2, "{out}");
     assert!(out.contains("epoch 20 loss=") && out.contains("replicas=4"), "{out}");
     assert!((digest(&out) / one_digest - 1.0).abs() <= 1e-5, "{out}\none device: {one_digest}");

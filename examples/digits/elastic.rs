@@ -82,23 +82,39 @@ pub fn launch(ranks: usize, min_replicas: usize, replace: bool) -> Result<(), St
     }
 }
 
+/// How long the survivors hold training for a replacement the launcher restarts.
+const REPLACEMENT_WAIT: Duration = Duration::from_secs(30);
+
 /// One worker's training: a replica that goes on without lost workers and takes
-/// in joiners; a joiner (`TRAIN_DIGITS_JOIN`) starts at the step it was taken in.
-/// Every epoch's line is printed by whichever worker leads then.
+/// in joiners (`replaced`: holding the step after a loss until they come); a
+/// joiner (`TRAIN_DIGITS_JOIN`) starts at the step it was taken in. Every epoch's
+/// line is printed by whichever worker leads then.
 pub fn train(
     plan: mlp::Schedule,
     min_replicas: usize,
+    replaced: bool,
     init: Tensors,
     data: (&mlp::Data, &mlp::Data),
 ) -> Result<(), String> {
     let e = |e: braid::Error| e.to_string();
     let joiner = std::env::var_os("TRAIN_DIGITS_JOIN").is_some();
     let mw = if joiner {
-        MultiWorkerMirrored::join(Communicator::join_from_env(JOIN_NAME).map_err(e)?, init).map_err(e)?
+        match Communicator::join_from_env(JOIN_NAME) {
+            Ok(comm) => MultiWorkerMirrored::join(comm, init).map_err(e)?,
+            Err(closed @ braid::Error::JoinClosed { .. }) => {
+                // Restarted as the job ended: nothing left to do.
+                println!("worker not needed: {closed}");
+                return Ok(());
+            }
+            Err(other) => return Err(e(other)),
+        }
     } else {
         MultiWorkerMirrored::from_env(init).map_err(e)?
     };
-    let mw = mw.elastic(min_replicas).joinable(JOIN_NAME);
+    let mut mw = mw.elastic(min_replicas).joinable(JOIN_NAME);
+    if replaced {
+        mw = mw.await_replacements(REPLACEMENT_WAIT);
+    }
     let per_epoch = data.0.len().div_ceil(plan.global_batch);
     let first_rank = mw.communicator().rank();
     let skip = mw.steps_done();
@@ -128,6 +144,7 @@ pub fn train(
         }
         Ok(())
     })?;
+    s.inner.close_joining().map_err(e)?;
     if s.local_replicas().start == 0 {
         for r in s.inner.recoveries() {
             println!(

@@ -139,7 +139,7 @@ fn code_of(e: &Error) -> braid_result {
         Error::PeerLost { .. } | Error::PeerAborted { .. } | Error::Protocol { .. } => BRAID_ERR_REMOTE,
         Error::Aborted { .. } => BRAID_ERR_ABORTED,
         Error::Mismatch { .. } => BRAID_ERR_MISMATCH,
-        Error::Io { .. } | Error::Store(_) => BRAID_ERR_IO,
+        Error::Io { .. } | Error::Store(_) | Error::JoinClosed { .. } => BRAID_ERR_IO,
         Error::Unsupported(_) => BRAID_ERR_UNSUPPORTED,
         Error::Broken(_) | Error::Device(_) => BRAID_ERR_INTERNAL,
     }

@@ -11,7 +11,10 @@
 //! - a joiner takes a ticket: `add("waiting", 1)`, its ticket is the count before;
 //! - rank 0 of the members, growing by `k`, seats tickets `admitted..admitted + k`
 //!   (`seat/{ticket}` = the new communicator's namespace, rank and world) and then
-//!   moves `admitted` on; the joiner reads its seat and connects there.
+//!   moves `admitted` on; the joiner reads its seat and connects there;
+//! - when the job ends, a member sets `closed`: joiners still waiting (a launcher
+//!   may restart a worker just before the end) fail at once with
+//!   [`Error::JoinClosed`] instead of waiting out their timeout.
 //!
 //! Every wait is bounded by the timeout; a seat read from the store is checked
 //! before it is used.
@@ -44,6 +47,32 @@ fn counter(store: &dyn Store, key: &str) -> Result<u64> {
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
             .ok_or_else(|| Error::Store(format!("key `{key}` does not hold a count"))),
+    }
+}
+
+/// How often a waiting joiner looks for its seat and for the job closing.
+const SEAT_POLL: Duration = Duration::from_millis(25);
+
+/// Wait up to `wait` for ticket `ticket`'s seat under `name`. A seat given before
+/// the job closed joining is still taken.
+fn wait_for_seat(store: &dyn Store, name: &str, ticket: u64, wait: Duration) -> Result<Vec<u8>> {
+    let deadline = std::time::Instant::now() + wait;
+    let seat = key(name, &format!("seat/{ticket}"));
+    loop {
+        if let Some(v) = store.get(&seat)? {
+            return Ok(v);
+        }
+        if store.get(&key(name, "closed"))?.is_some() {
+            // The members seat before they close: look once more.
+            return store.get(&seat)?.ok_or_else(|| Error::JoinClosed { name: name.to_owned(), ticket });
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(Error::Store(format!(
+                "joining `{name}` as ticket {ticket}: no member took this process in within {wait:?}"
+            )));
+        }
+        std::thread::sleep(left.min(SEAT_POLL));
     }
 }
 
@@ -88,14 +117,15 @@ impl Communicator {
     /// [`Communicator::grow`]): wait in `store` under `name` until the members grow
     /// to take this process in, then connect with them. `cfg` gives the settings
     /// (timeout, transports, job key); its rank and world are replaced by the seat
-    /// the members give. Fails after `wait` if no member takes it in.
+    /// the members give. Fails after `wait` if no member takes it in, and at
+    /// once with [`Error::JoinClosed`] if the job closes joining first.
     pub fn join(store: Arc<dyn Store>, name: &str, cfg: Config, wait: Duration) -> Result<Communicator> {
-        let ticket = store.add(&key(name, "waiting"), 1)? - 1;
-        tracing::info!(name, ticket, "joining: waiting to be seated");
-        let seat = store.wait_get(&key(name, &format!("seat/{ticket}")), wait).map_err(|e| {
-            Error::Store(format!("joining `{name}` as ticket {ticket}: no member took this process in: {e}"))
+        let count = store.add(&key(name, "waiting"), 1)?;
+        let ticket = u64::try_from(count - 1).map_err(|_| {
+            Error::Store(format!("joining `{name}`: the store counts {count} waiting after adding this one"))
         })?;
-        let seat = Seat::parse(&seat)?;
+        tracing::info!(name, ticket, "joining: waiting to be seated");
+        let seat = Seat::parse(&wait_for_seat(store.as_ref(), name, ticket, wait)?)?;
         let mut cfg = cfg;
         cfg.rank = seat.rank;
         cfg.world_size = seat.world;
@@ -114,6 +144,15 @@ impl Communicator {
         let store = crate::bootstrap::connect_store(&url, false, 1, cfg.job_key.clone(), cfg.timeout)?;
         let wait = cfg.timeout;
         Communicator::join(store, name, cfg, wait)
+    }
+
+    /// Take no more joiners under `name`: processes waiting in
+    /// [`Communicator::join`] there, and any that come later, fail at once with
+    /// [`Error::JoinClosed`] instead of waiting out their timeout. Call it when the
+    /// job ends (a launcher may restart a worker just before); any rank may, and
+    /// more than once.
+    pub fn close_joining(&self, name: &str) -> Result<()> {
+        self.join_store()?.set(&key(name, "closed"), b"1")
     }
 
     /// Processes waiting in [`Communicator::join`] under `name` and not yet taken
@@ -218,6 +257,34 @@ mod tests {
         let e = c.grow("job", MAX_JOINERS + 1).err().expect("refused").to_string();
         assert!(e.contains("at most 4096"), "{e}");
         assert!(store.get(&key("job", "seat/0")).unwrap().is_none());
+    }
+
+    /// A joiner waiting when the job closes joining fails at once, naming its
+    /// ticket; one arriving later too; the count of those waiting is unchanged.
+    #[test]
+    fn joiners_of_a_closed_job_fail_at_once() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
+        let mut cfg = Config::new(0, 1);
+        cfg.tuner_probe = false;
+        let c = crate::CommunicatorBuilder::from_config(cfg.clone()).store(store.clone()).build().unwrap();
+        let waiting = {
+            let (store, cfg) = (store.clone(), cfg.clone());
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                (Communicator::join(store, "job", cfg, Duration::from_secs(30)).err(), t.elapsed())
+            })
+        };
+        while c.pending_joiners("job").unwrap() == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        c.close_joining("job").unwrap();
+        let (e, took) = waiting.join().unwrap();
+        let e = e.expect("not taken in");
+        assert!(matches!(e, Error::JoinClosed { ticket: 0, .. }), "{e}");
+        assert!(e.to_string().contains("joining `job` as ticket 0: the job closed joining"), "{e}");
+        assert!(took < Duration::from_secs(15), "waited {took:?}");
+        let late = Communicator::join(store, "job", cfg, Duration::from_secs(30)).err().expect("closed");
+        assert!(matches!(late, Error::JoinClosed { ticket: 1, .. }), "{late}");
     }
 
     /// Three members over TCP; two processes (threads here) join; the five sum

@@ -28,6 +28,20 @@ use crate::error::{Error, Result};
 /// How often rank 0 looks in the store for processes waiting to join.
 const JOIN_POLL: Duration = Duration::from_millis(200);
 
+/// Where replacement processes wait to join ([`MultiWorkerMirrored::joinable`]),
+/// and how rank 0 looks for them.
+pub(super) struct Joining {
+    pub(super) name: String,
+    /// When rank 0 last read the store.
+    last_look: Instant,
+    /// The most replicas the job had: the count replacements restore.
+    full: usize,
+    /// How long rank 0 holds a step for replacements after a loss, if at all.
+    hold: Option<Duration>,
+    /// Since when the job is short of replicas and rank 0 has not yet held.
+    short_since: Option<Instant>,
+}
+
 /// One recovery from lost workers ([`MultiWorkerMirrored::recoveries`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Recovery {
@@ -60,8 +74,35 @@ impl MultiWorkerMirrored {
     /// ([`Communicator::grow`]) and rank 0 hands the joiners the variables and the
     /// step count. The next step is split over everyone.
     pub fn joinable(mut self, name: &str) -> MultiWorkerMirrored {
-        self.joinable = Some((name.to_owned(), Instant::now()));
+        let full = self.num_replicas_in_sync();
+        self.joinable =
+            Some(Joining { name: name.to_owned(), last_look: Instant::now(), full, hold: None, short_since: None });
         self
+    }
+
+    /// With [`joinable`](MultiWorkerMirrored::joinable): after workers are lost,
+    /// rank 0 holds the next step until as many processes wait to join as the job
+    /// lost, or `wait` has passed since the loss, and takes in those waiting: a
+    /// launcher that restarts lost workers (torchrun's `--max-restarts`) gets them
+    /// back at once instead of at the next look. The other replicas wait meanwhile
+    /// inside the step's all-reduce, so `wait` is cut to half the communicator's
+    /// timeout. Without it, training goes on at once with the survivors.
+    pub fn await_replacements(mut self, wait: Duration) -> MultiWorkerMirrored {
+        let wait = wait.min(self.replica.comm().timeout() / 2);
+        if let Some(j) = &mut self.joinable {
+            j.hold = Some(wait);
+        }
+        self
+    }
+
+    /// Take no more joiners ([`crate::Communicator::close_joining`]): processes
+    /// still waiting to join fail at once instead of waiting out their timeout.
+    /// Call it when training ends; nothing if the replica is not joinable.
+    pub fn close_joining(&self) -> Result<()> {
+        match &self.joinable {
+            Some(j) => self.replica.comm().close_joining(&j.name),
+            None => Ok(()),
+        }
     }
 
     /// Join a job whose replicas are [`joinable`](MultiWorkerMirrored::joinable)
@@ -81,30 +122,52 @@ impl MultiWorkerMirrored {
     }
 
     /// Rank 0's count of waiting joiners when it is time to look; 0 otherwise.
+    /// After a loss, with [`await_replacements`](MultiWorkerMirrored::await_replacements),
+    /// it waits here for the replacements (the others wait in the step).
     pub(super) fn joiners_waiting(&mut self) -> Result<f64> {
         let comm = self.replica.comm();
-        match &mut self.joinable {
-            Some((name, last)) if comm.rank() == 0 && last.elapsed() >= JOIN_POLL => {
-                *last = Instant::now();
-                Ok(comm.pending_joiners(name)? as f64)
-            }
-            _ => Ok(0.0),
+        let n = comm.world_size();
+        let Some(j) = &mut self.joinable else { return Ok(0.0) };
+        if comm.rank() != 0 {
+            return Ok(0.0);
         }
+        let missing = j.full.saturating_sub(n);
+        if let (Some(hold), Some(since), true) = (j.hold, j.short_since, missing > 0) {
+            loop {
+                let waiting = comm.pending_joiners(&j.name)?;
+                if waiting >= missing || since.elapsed() >= hold {
+                    // Wait once per loss: after this, look as usual.
+                    j.short_since = None;
+                    j.last_look = Instant::now();
+                    return Ok(waiting as f64);
+                }
+                std::thread::sleep(JOIN_POLL.min(hold / 10).max(Duration::from_millis(5)));
+            }
+        }
+        if j.last_look.elapsed() < JOIN_POLL {
+            return Ok(0.0);
+        }
+        j.last_look = Instant::now();
+        Ok(comm.pending_joiners(&j.name)? as f64)
     }
 
     /// After a step: if rank 0 said processes wait, grow to take them in.
     pub(super) fn admit_joiners(&mut self) -> Result<()> {
         let waiting = self.replica.side_sum.round() as usize;
-        let Some((name, _)) = &self.joinable else { return Ok(()) };
+        let Some(j) = &self.joinable else { return Ok(()) };
         if waiting == 0 {
             return Ok(());
         }
         let before = self.num_replicas_in_sync();
-        let big = self.replica.comm().grow(name, waiting)?;
+        let big = self.replica.comm().grow(&j.name, waiting)?;
         let vars = std::mem::take(&mut self.replica.vars);
         self.replica = SyncReplica::with_vars(big, vars, super::CrossReplica::AllReduce, self.fusion);
         self.send_state()?;
-        self.growths.push((self.steps_done, before, self.num_replicas_in_sync()));
+        let after = self.num_replicas_in_sync();
+        if let Some(j) = &mut self.joinable {
+            j.full = j.full.max(after);
+        }
+        self.growths.push((self.steps_done, before, after));
         tracing::info!(
             rank = self.replica.id,
             joiners = waiting,
@@ -177,6 +240,9 @@ impl MultiWorkerMirrored {
             self.replica = SyncReplica::with_vars(small, vars, super::CrossReplica::AllReduce, self.fusion);
             match self.settle(global_batch, step, apply) {
                 Ok((loss, adopted)) => {
+                    if let Some(j) = &mut self.joinable {
+                        j.short_since = Some(started);
+                    }
                     self.recoveries.push(Recovery {
                         step: failed_step,
                         replicas: (before, n),

@@ -140,6 +140,68 @@ fn a_joiner_is_taken_in_and_ends_with_everyone() {
     assert_eq!((from, from as usize + ran), (grown_at[0], 15));
 }
 
+/// A launcher restarts a lost worker, slowly: with `await_replacements` the
+/// survivors take the replacement in at the step after the loss (without it they
+/// would finish first and the replacement find the job closed), and everyone
+/// ends with one device's weights.
+#[test]
+fn survivors_await_a_replacement_and_take_it_in_after_the_loss() {
+    use crate::bootstrap::{MemStore, Store};
+    use std::sync::{mpsc, Arc};
+    let (want, _) = one_device_run(5, 8);
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let mut cfg = crate::config::Config::new(0, 3);
+    cfg.timeout = Duration::from_secs(20);
+    cfg.tuner_probe = false;
+    let (lost_tx, lost_rx) = mpsc::channel::<()>();
+    let train = |s: &mut MultiWorkerMirrored, leave: Option<u64>| {
+        for step in s.steps_done()..15 {
+            if leave == Some(step) {
+                return false;
+            }
+            let start = (step as usize % 3) * 8;
+            s.step(8.min(EXAMPLES - start), &example_grads(start), &sgd_step).expect("step");
+        }
+        s.close_joining().unwrap();
+        true
+    };
+    let members: Vec<_> = (0..3)
+        .map(|rank| {
+            let (store, mut cfg, lost_tx) = (store.clone(), cfg.clone(), lost_tx.clone());
+            cfg.rank = rank;
+            std::thread::spawn(move || {
+                let comm = crate::CommunicatorBuilder::from_config(cfg).store(store).build().unwrap();
+                let mut s = MultiWorkerMirrored::new(comm, init())
+                    .unwrap()
+                    .elastic(1)
+                    .joinable("digits")
+                    .await_replacements(Duration::from_secs(10));
+                if !train(&mut s, (rank == 2).then_some(4)) {
+                    drop(s);
+                    lost_tx.send(()).unwrap();
+                    return None;
+                }
+                Some((s.variables().clone(), s.growths().to_vec(), s.recoveries().len()))
+            })
+        })
+        .collect();
+    // The launcher sees the loss and starts a replacement, which takes a while.
+    lost_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let comm = Communicator::join(store, "digits", cfg, Duration::from_secs(20)).expect("taken in");
+    let mut s = MultiWorkerMirrored::join(comm, init()).unwrap().elastic(1).joinable("digits");
+    let from = s.steps_done();
+    assert!(train(&mut s, None));
+    assert!(max_diff(s.variables(), &want) <= 1e-5, "joiner");
+    assert_eq!((from, s.num_replicas_in_sync()), (6, 3));
+    let survivors: Vec<_> = members.into_iter().filter_map(|m| m.join().unwrap()).collect();
+    assert_eq!(survivors.len(), 2);
+    for (vars, growths, recoveries) in survivors {
+        assert!(max_diff(&vars, &want) <= 1e-5, "member");
+        assert_eq!((growths, recoveries), (vec![(6, 2, 3)], 1));
+    }
+}
+
 fn max_diff(a: &Tensors, b: &Tensors) -> f32 {
     a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }

@@ -232,8 +232,8 @@ pub struct MultiWorkerMirrored {
     pub(super) last_loss: f64,
     /// What each recovery did, in order.
     pub(super) recoveries: Vec<super::elastic::Recovery>,
-    /// Where replacement processes wait to join, and when rank 0 last looked.
-    pub(super) joinable: Option<(String, Instant)>,
+    /// Where replacement processes wait to join, and how rank 0 looks for them.
+    pub(super) joinable: Option<super::elastic::Joining>,
     /// Joiners taken in, per growth: (step, replicas before, after).
     pub(super) growths: Vec<(u64, usize, usize)>,
 }
