@@ -260,7 +260,7 @@ mod tests {
     }
 
     /// A joiner waiting when the job closes joining fails at once, naming its
-    /// ticket; one arriving later too; the count of those waiting is unchanged.
+    /// ticket; one arriving later too.
     #[test]
     fn joiners_of_a_closed_job_fail_at_once() {
         let store: Arc<dyn Store> = Arc::new(MemStore::new());

@@ -80,7 +80,8 @@ impl MultiWorkerMirrored {
         self
     }
 
-    /// With [`joinable`](MultiWorkerMirrored::joinable): after workers are lost,
+    /// After [`joinable`](MultiWorkerMirrored::joinable) (before it, or without
+    /// it, this does nothing: there is nowhere to wait): after workers are lost,
     /// rank 0 holds the next step until as many processes wait to join as the job
     /// lost, or `wait` has passed since the loss, and takes in those waiting: a
     /// launcher that restarts lost workers (torchrun's `--max-restarts`) gets them
