@@ -21,7 +21,7 @@ import re
 import sys
 from collections import defaultdict
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 ITEM = re.compile(r"\b(?:struct|enum|trait|fn|type|const|static|union|mod)\s+([A-Za-z_]\w*)")
 MACRO = re.compile(r"\bmacro_rules!\s*([A-Za-z_]\w*)")
 
@@ -192,7 +192,7 @@ class Crate:
                 if m.group(1):
                     self.reexports[module].add(alias)
         # a re-exported name counts as used here only if this file's code names it
-        self.code_without_uses[path] = re.sub(r"\buse\s+[^;]+;", " ", text)
+        self.code_without_uses[path] = re.sub(r"\b(?:use|mod)\s+[^;{]+;", " ", text)
 
     def file_module(self, module):
         """The module whose file holds `module` (itself, or the parent of an inline one)."""
@@ -249,12 +249,25 @@ class Crate:
             return self.files[cur]
         return self.files[cur]
 
+    def names_module(self, module, segs):
+        """Whether `segs` (written in `module`) names a module, not an item."""
+        ab = self.absolute(module, segs)
+        if ab is None:
+            return False
+        cur = ab[0]
+        for s in ab[1]:
+            if s in self.children[cur] and cur + (s,) in self.files:
+                cur = cur + (s,)
+            else:
+                return False
+        return True
+
     def edges(self):
         out = defaultdict(lambda: defaultdict(set))
         for module, path in self.files.items():
             if module[:-1] in self.files and self.files[module[:-1]] == path:
                 continue  # an inline module: its parent's text covers it
-            text = self.code[path]
+            text = self.code_without_uses[path]  # `use` lines are in self.uses
             names = []
             for segs, alias in self.uses[module]:
                 if alias in self.reexports[module] and not re.search(
@@ -283,6 +296,8 @@ class Crate:
                 for m in re.finditer(r"(?<![\w:])" + alias + r"((?:::\w+)+)", text):
                     names.append((segs + tuple(m.group(1).split("::")[1:]), None))
             for segs, _ in names:
+                if self.names_module(module, segs):
+                    continue  # `use crate::x;` alone: the items named through it count
                 target = self.resolve(module, segs)
                 if target and target != path:
                     out[path][target].add("::".join(segs))

@@ -78,7 +78,7 @@ pub enum Error {
     /// A wait passed its deadline.
     #[error(
         "{ctx}: timed out after {timeout:?} waiting for rank(s) {waiting_on:?}{}",
-        crate::executor::wait_chain::describe_chains(.chain)
+        describe_chains(.chain)
     )]
     Timeout {
         /// Where it was detected.
@@ -90,7 +90,7 @@ pub enum Error {
         /// Inside a call: for each rank waited for, whom it waits for in turn, as far
         /// as the ranks answered, and how the chain ends (the rank to look at).
         /// Empty where nobody could be asked (setup).
-        chain: Vec<crate::executor::WaitChain>,
+        chain: Vec<WaitChain>,
     },
 
     /// A peer sent bytes that are not a valid braid frame.
@@ -222,3 +222,65 @@ impl Error {
 
 /// braid's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A chain of waits found at a deadline: the first rank is one the timed-out rank
+/// waits for, each waits for the next, and `end` says what became of the last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitChain {
+    /// The ranks followed, in order (at most the world size of them).
+    pub ranks: Vec<usize>,
+    /// How the chain ends.
+    pub end: ChainEnd,
+}
+
+/// What the last rank of a [`WaitChain`] did when asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChainEnd {
+    /// It did not answer in time: it is not inside a braid call (stopped, or
+    /// busy outside braid), or it is stuck inside one without polling its links.
+    Silent,
+    /// It could not be asked (why).
+    NotAsked(String),
+    /// It left or failed while asked (its reason, or how its link ended).
+    Left(String),
+    /// It answered that it waits for nobody: its call was ending.
+    WaitsForNobody,
+    /// It waits for this rank, already on the chain (a cycle of waits).
+    Cycle(usize),
+    /// It waits for the rank that asked (a send of that rank it has not taken, or a
+    /// deadlock of the two).
+    WaitsForThisRank,
+    /// Its answer was not valid (what was wrong).
+    Invalid(String),
+}
+
+impl fmt::Display for WaitChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some((first, rest)) = self.ranks.split_first() else { return Ok(()) };
+        write!(f, "rank {first}")?;
+        for (i, r) in rest.iter().enumerate() {
+            let which = if i == 0 { "" } else { ", which" };
+            write!(f, "{which} waits for rank {r}")?;
+        }
+        f.write_str(if rest.is_empty() { " " } else { ", which " })?;
+        match &self.end {
+            ChainEnd::Silent => f.write_str("did not answer (stopped, or stuck outside braid)"),
+            ChainEnd::NotAsked(why) => write!(f, "could not be asked ({why})"),
+            ChainEnd::Left(why) => write!(f, "stopped waiting: {why}"),
+            ChainEnd::WaitsForNobody => f.write_str("waits for nobody (its call was ending)"),
+            ChainEnd::Cycle(r) => write!(f, "waits for rank {r} (a cycle: these ranks wait for each other)"),
+            ChainEnd::WaitsForThisRank => f.write_str("waits for this rank"),
+            ChainEnd::Invalid(why) => write!(f, "gave an invalid answer ({why})"),
+        }
+    }
+}
+
+/// The chains of a timeout, as they follow its "waiting for rank(s) [..]".
+pub(crate) fn describe_chains(chains: &[WaitChain]) -> String {
+    let mut s = String::new();
+    for (i, c) in chains.iter().enumerate() {
+        s.push_str(if i == 0 { ": " } else { "; " });
+        s.push_str(&c.to_string());
+    }
+    s
+}

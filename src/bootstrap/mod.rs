@@ -20,7 +20,6 @@ pub use mem_store::MemStore;
 pub use prefix_store::PrefixStore;
 #[cfg(feature = "redis")]
 pub use redis_store::RedisStore;
-pub(crate) use store::with_launch;
 pub use store::{connect_store, redact_store_url, Store};
 pub use tcp_store::{StoreLimits, TcpStore, TcpStoreServer};
 #[doc(hidden)]

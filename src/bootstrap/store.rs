@@ -90,23 +90,6 @@ pub fn connect_store(
     }
 }
 
-/// `e` with where the settings came from in front (the launcher, the rank and world
-/// it gave, the store URL), so a failure to meet says what was derived; nothing is
-/// added for a communicator configured in code, whose caller knows.
-pub(crate) fn with_launch(e: Error, cfg: &crate::config::Config, url: &str) -> Error {
-    if cfg.launcher == "code" {
-        return e;
-    }
-    let url = redact_store_url(url);
-    let what = format!("launcher {}: rank {} of {}, store {url}", cfg.launcher, cfg.rank, cfg.world_size);
-    match e {
-        Error::Config(m) => Error::Config(format!("{what}: {m}")),
-        Error::Store(m) => Error::Store(format!("{what}: {m}")),
-        Error::Io { what: w, source } => Error::Io { what: format!("{what}: {w}"), source },
-        other => other,
-    }
-}
-
 #[cfg(feature = "redis")]
 fn connect_redis(url: &str, timeout: Duration) -> Result<Arc<dyn Store>> {
     Ok(Arc::new(crate::bootstrap::RedisStore::connect(url, timeout)?))

@@ -179,7 +179,7 @@ impl CommunicatorBuilder {
                     "meeting at the store"
                 );
                 let store = connect_store(url, cfg.rank == 0, cfg.world_size, cfg.job_key.clone(), cfg.timeout)
-                    .map_err(|e| crate::bootstrap::with_launch(e, &cfg, url))?;
+                    .map_err(|e| cfg.with_launch(e, url))?;
                 (store, ident)
             }
         };

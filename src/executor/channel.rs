@@ -24,20 +24,24 @@
 //! completions from its completion queue.
 
 use std::os::fd::RawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::frame::{FrameKind, Header};
 use crate::transport::TransportKind;
 use crate::types::{DType, ReduceOp};
 
-use super::CallInfo;
+use super::call::CallInfo;
+use super::wait_slot::WaitSlot;
 
+/// Largest payload of one frame. Long transfers are cut into segments of this size
+/// so a receiver can reduce one while the next is in flight.
+pub const SEGMENT_BYTES: usize = 1 << 20;
 /// Gates count the final bytes of pieces of this size: piece `k` of a region is
 /// `[k * PIECE_BYTES, min((k + 1) * PIECE_BYTES, len))`, and a zero-length region is
 /// one empty piece. Every channel cuts regions this way, so a forward on one channel
 /// can follow a receive on another.
-pub const PIECE_BYTES: usize = super::stream::SEGMENT_BYTES;
+pub const PIECE_BYTES: usize = SEGMENT_BYTES;
 
 /// The `(offset, length)` of the pieces of a region of `len` bytes (see [`PIECE_BYTES`]).
 pub fn pieces(len: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -193,7 +197,7 @@ pub trait PeerChannel: Send {
 
     /// The channel's part in asking whom a peer waits for when a call times out
     /// (see [`super::wait_chain`]); None where the link cannot carry the question.
-    fn wait_slot(&mut self) -> Option<&mut super::wait_chain::WaitSlot> {
+    fn wait_slot(&mut self) -> Option<&mut WaitSlot> {
         None
     }
 
@@ -225,4 +229,27 @@ pub fn require_host(region: &MemRegion, what: &str, peer: usize, kind: Transport
         "{}: {what} rank {peer} of {} bytes is in device memory, and a {kind} link moves host memory only",
         call.ctx, region.len
     )))
+}
+
+/// The channels of a communicator, indexed by peer rank (None: no link to it).
+pub type Channels<'a> = [Option<Box<dyn PeerChannel + 'a>>];
+
+/// Block in poll(2) until a channel with work is ready. Returns false when some
+/// channel has no descriptor, so the caller must sleep instead.
+pub(crate) fn block_on_fds(channels: &Channels, gates: &[usize], max: Duration) -> bool {
+    let mut fds = Vec::with_capacity(channels.len());
+    for ch in channels.iter().flatten() {
+        match ch.readiness(gates) {
+            Readiness::NoFd => return false,
+            Readiness::Fd { events: 0, .. } => {}
+            Readiness::Fd { fd, events } => fds.push(libc::pollfd { fd, events, revents: 0 }),
+        }
+    }
+    if fds.is_empty() {
+        return false;
+    }
+    let ms = max.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: fds is a valid array of pollfd for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    true
 }

@@ -230,9 +230,9 @@ struct RecvJob {
 }
 
 /// Descriptors a long transfer is cut into (see [`unit_pieces`]).
-const UNITS_PER_TRANSFER: usize = 8;
+pub(crate) const UNITS_PER_TRANSFER: usize = 8;
 /// The most [`PIECE_BYTES`] pieces one descriptor covers.
-const MAX_UNIT_PIECES: usize = 64;
+pub(crate) const MAX_UNIT_PIECES: usize = 64;
 
 /// How many of the executor's pieces (the [`pieces`] cut) one descriptor of a
 /// transfer of `len` bytes covers: one up to [`UNITS_PER_TRANSFER`] pieces, then

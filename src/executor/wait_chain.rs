@@ -27,16 +27,13 @@
 //! it must be in the communicator, and it counts only in this call and
 //! communicator (it is forgotten when the call ends, and it makes no rank asked).
 
-use std::fmt;
 use std::time::{Duration, Instant};
 
+pub use super::wait_slot::{check_reply_len, WaitSlot, MAX_LISTED};
 use super::{block_on_fds, CallInfo, Channels};
-use crate::error::{Error, Result};
+use crate::error::{ChainEnd, Error, Result, WaitChain};
 use crate::frame::{FrameKind, Header};
-use crate::types::CallSig;
 
-/// Most ranks a reply lists (a rank waiting for more names the first ones).
-pub const MAX_LISTED: usize = 64;
 /// Bounds of the time a rank that timed out spends asking.
 const MIN_WINDOW: Duration = Duration::from_millis(20);
 const MAX_WINDOW: Duration = Duration::from_secs(1);
@@ -48,161 +45,6 @@ const ASK_POLL: Duration = Duration::from_micros(200);
 /// later than the timeout at most.
 pub fn window(timeout: Duration) -> Duration {
     (timeout / 10).clamp(MIN_WINDOW, MAX_WINDOW)
-}
-
-/// A chain of waits found at a deadline: the first rank is one the timed-out rank
-/// waits for, each waits for the next, and `end` says what became of the last.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WaitChain {
-    /// The ranks followed, in order (at most the world size of them).
-    pub ranks: Vec<usize>,
-    /// How the chain ends.
-    pub end: ChainEnd,
-}
-
-/// What the last rank of a [`WaitChain`] did when asked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChainEnd {
-    /// It did not answer in time: it is not inside a braid call (stopped, or
-    /// busy outside braid), or it is stuck inside one without polling its links.
-    Silent,
-    /// It could not be asked (why).
-    NotAsked(String),
-    /// It left or failed while asked (its reason, or how its link ended).
-    Left(String),
-    /// It answered that it waits for nobody: its call was ending.
-    WaitsForNobody,
-    /// It waits for this rank, already on the chain (a cycle of waits).
-    Cycle(usize),
-    /// It waits for the rank that asked (a send of that rank it has not taken, or a
-    /// deadlock of the two).
-    WaitsForThisRank,
-    /// Its answer was not valid (what was wrong).
-    Invalid(String),
-}
-
-impl fmt::Display for WaitChain {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Some((first, rest)) = self.ranks.split_first() else { return Ok(()) };
-        write!(f, "rank {first}")?;
-        for (i, r) in rest.iter().enumerate() {
-            let which = if i == 0 { "" } else { ", which" };
-            write!(f, "{which} waits for rank {r}")?;
-        }
-        f.write_str(if rest.is_empty() { " " } else { ", which " })?;
-        match &self.end {
-            ChainEnd::Silent => f.write_str("did not answer (stopped, or stuck outside braid)"),
-            ChainEnd::NotAsked(why) => write!(f, "could not be asked ({why})"),
-            ChainEnd::Left(why) => write!(f, "stopped waiting: {why}"),
-            ChainEnd::WaitsForNobody => f.write_str("waits for nobody (its call was ending)"),
-            ChainEnd::Cycle(r) => write!(f, "waits for rank {r} (a cycle: these ranks wait for each other)"),
-            ChainEnd::WaitsForThisRank => f.write_str("waits for this rank"),
-            ChainEnd::Invalid(why) => write!(f, "gave an invalid answer ({why})"),
-        }
-    }
-}
-
-/// The chains of a timeout, as they follow its "waiting for rank(s) [..]".
-pub(crate) fn describe_chains(chains: &[WaitChain]) -> String {
-    let mut s = String::new();
-    for (i, c) in chains.iter().enumerate() {
-        s.push_str(if i == 0 { ": " } else { "; " });
-        s.push_str(&c.to_string());
-    }
-    s
-}
-
-/// A peer's answer, as read off its link (its ranks not yet checked against the world).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WaitReply {
-    /// The answering rank's call and its sequence number.
-    pub sig: CallSig,
-    /// Its sequence number.
-    pub seq: u64,
-    /// The ranks it waits for.
-    pub waits: Vec<u32>,
-}
-
-/// A channel's part in the exchange: questions and answers read off its link, and
-/// the frames to write on it. Kept between calls.
-#[derive(Default)]
-pub struct WaitSlot {
-    /// The peer asked; this rank has not answered yet.
-    pub asked: bool,
-    /// This rank asked the peer and waits for its reply (or for its departure).
-    pub awaiting: bool,
-    /// The peer's latest word in this call on whom it waits for (asked or not).
-    pub reply: Option<WaitReply>,
-    /// The peer left or failed while awaited: why.
-    pub gone: Option<String>,
-    /// Whole frames to write at the next frame boundary, and how much of them went out.
-    out: Vec<u8>,
-    sent: usize,
-}
-
-impl WaitSlot {
-    /// Queue a frame to write.
-    fn queue(&mut self, frame: &[u8]) {
-        self.out.extend_from_slice(frame);
-    }
-
-    /// Bytes queued and not written yet.
-    pub fn unsent(&self) -> &[u8] {
-        &self.out[self.sent..]
-    }
-
-    /// Part of the queued frames went out: nothing else may be written until they all have.
-    pub fn mid_frame(&self) -> bool {
-        self.sent > 0
-    }
-
-    /// `n` more bytes went out.
-    pub fn wrote(&mut self, n: usize) {
-        self.sent += n;
-        if self.sent >= self.out.len() {
-            self.out.clear();
-            self.sent = 0;
-        }
-    }
-
-    /// The call ended: what the peer said of its waits is stale. (A question is
-    /// still answered, by the next call: with what it waits for then.)
-    pub fn end_call(&mut self) {
-        self.reply = None;
-        self.gone = None;
-    }
-
-    /// The link failed: what is queued is dropped (whoever needs the link sees the failure).
-    pub fn drop_unsent(&mut self) {
-        self.out.clear();
-        self.sent = 0;
-    }
-
-    /// A question arrived for the call `call` (frames of another communicator are ignored).
-    pub fn on_query(&mut self, h: &Header, call: &CallInfo) {
-        if h.comm_id == call.comm_id && h.epoch == call.epoch {
-            self.asked = true;
-        }
-    }
-
-    /// A reply arrived with `payload` (whole, of the length the header gave, which
-    /// [`check_reply_len`] accepted): kept for this call if it is of this communicator.
-    pub fn on_reply(&mut self, h: &Header, payload: &[u8], call: &CallInfo) {
-        if h.comm_id != call.comm_id || h.epoch != call.epoch {
-            return;
-        }
-        let waits = payload.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        self.reply = Some(WaitReply { sig: h.sig, seq: h.seq, waits });
-    }
-}
-
-/// Whether a reply of `len` payload bytes is well formed: whole ranks, at most [`MAX_LISTED`].
-pub fn check_reply_len(len: u32) -> std::result::Result<usize, String> {
-    let len = len as usize;
-    if !len.is_multiple_of(4) || len / 4 > MAX_LISTED {
-        return Err(format!("a wait reply of {len} bytes (at most {MAX_LISTED} ranks of 4 bytes)"));
-    }
-    Ok(len)
 }
 
 fn query_frame(call: &CallInfo) -> [u8; crate::frame::HEADER_LEN] {

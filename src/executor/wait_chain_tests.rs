@@ -3,13 +3,14 @@
 //! might.
 
 use super::*;
-use crate::error::OpContext;
+use crate::error::{describe_chains, OpContext};
 use crate::executor::channel::PeerChannel;
 use crate::executor::stream::StreamChannel;
 use crate::executor::WaitPolicy;
 use crate::frame::HEADER_LEN;
 use crate::transport::loopback::LoopbackLink;
 use crate::transport::Link;
+use crate::types::CallSig;
 use crate::types::{DType, OpKind, ReduceOp};
 
 fn call(rank: usize) -> CallInfo {

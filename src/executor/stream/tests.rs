@@ -204,15 +204,3 @@ fn small_frames_arrive_whole_or_in_parts_across_the_ring_end() {
     };
     assert!(err.contains("32 bytes") && err.contains("expects 28") && err.contains("rank 0"), "{err}");
 }
-
-#[test]
-fn cache_sizes_parse_as_sysfs_writes_them() {
-    use super::{parse_cache_size, STREAM_RECV_MAX, STREAM_RECV_MIN};
-    assert_eq!(parse_cache_size("491520K\n"), Some(480 << 20));
-    assert_eq!(parse_cache_size("32M"), Some(32 << 20));
-    assert_eq!(parse_cache_size("512"), Some(512));
-    assert_eq!(parse_cache_size("lots"), None);
-    assert_eq!(parse_cache_size("12Q"), None);
-    let d = super::default_stream_recv_bytes();
-    assert!((STREAM_RECV_MIN..=STREAM_RECV_MAX).contains(&d), "{d}");
-}

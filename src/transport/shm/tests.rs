@@ -5,7 +5,10 @@
 //! segment names and keys never collide between tests running in parallel.
 
 use super::*;
-use crate::bootstrap::{FileStore, MemStore};
+use crate::bootstrap::{FileStore, MemStore, Store};
+use crate::error::{Error, Result};
+use segment::MAX_RING_BYTES;
+use setup::{attach, attach_published, create, Attached};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::MeshOptions;
+use super::options::MeshOptions;
 use crate::auth::{self, Challenge, JobKey, Role, CHALLENGE_LEN, PROOF_LEN};
 
 /// Protocol version carried in every handshake message; bump on any wire change.
@@ -50,14 +50,6 @@ pub(super) const PROOF_MSG_LEN: usize = HEADER_LEN + PROOF_LEN;
 /// First and longest pause between connect attempts to a rank that is not listening yet.
 pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 pub(super) const MAX_BACKOFF: Duration = Duration::from_millis(500);
-
-/// Most accepted connections that may sit unproven at once (the default of
-/// [`super::MeshOptions::max_pending`]). Past it the oldest that has not sent a
-/// valid hello is dropped, else the newest: a flood of silent strangers costs
-/// them their own sockets, not this rank its descriptors, and never pushes out
-/// a real rank's handshake once its hello is in (a real rank sends it as soon
-/// as it connects; one whose attempt is dropped retries).
-pub const MAX_PENDING: usize = 256;
 
 /// Part of every error for a failed job-key proof (the mesh tells those apart).
 pub(super) const KEY_NOT_PROVEN: &str = "did not prove the job key";

@@ -2,7 +2,9 @@
 //! store, port 0 everywhere (tests run in parallel).
 
 use super::*;
+use crate::auth::JobKey;
 use crate::bootstrap::MemStore;
+use crate::transport::ifaces::AddrFamily;
 use std::io::Write;
 use std::net::TcpStream;
 use std::os::fd::BorrowedFd;

@@ -1,40 +1,9 @@
 //! One typed configuration, read once from the environment (or built in code).
 //!
-//! | variable | meaning |
-//! |---|---|
-//! | `BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_LOCAL_RANK`, `BRAID_LOCAL_WORLD_SIZE` | who this process is (`braid run` sets them) |
-//! | `BRAID_STORE` | rendezvous store: `tcp://HOST:PORT`, `torch://HOST:PORT[?prefix=P]` (torch's TCPStore), `file:///PATH` or (feature `redis`) `redis://[USER:PASS@]HOST[:PORT][/DB][?prefix=P&ttl=T]` |
-//! | `BRAID_ALGO` | algorithms each collective may use, NCCL's syntax: `ring,tree`, `allreduce:ring;broadcast:chain`, `^tree`, or `auto` (default: the tuner picks among all) |
-//! | `BRAID_DETERMINISTIC` | `1`: reproducible mode, reducing collectives fold each element in rank order (bitwise-identical results whatever the algorithm, chunk size or host split) |
-//! | `BRAID_CHECK_ROOTS` | default `1`: rooted calls (broadcast, reduce, gather, scatter) agree on their signature in their own rounds, so ranks given different roots fail in that call on every rank; `0` skips it |
-//! | `BRAID_TUNER_PROBE` | `0`: the tuner keeps its built-in link costs instead of measuring them at start-up |
-//! | `BRAID_CACHE_DIR` | per-host cache of probed link costs (default `$XDG_CACHE_HOME/braid`, else `$HOME/.cache/braid`) |
-//! | `BRAID_TRANSPORTS` | comma list restricting transports (`shm`, `rdma`, `tcp`; one that cannot run here is dropped, saying why at debug level) |
-//! | `BRAID_SOCKET_IFNAME` | interfaces for TCP, NCCL syntax: `eth`, `^docker`, `=eth0` (default: the source address of the route to the store, see [`crate::transport::ifaces`]) |
-//! | `BRAID_SOCKET_FAMILY` | `AF_INET` (`4`) or `AF_INET6` (`6`): the address family TCP links listen on (default: either, IPv4 first) |
-//! | `BRAID_TIMEOUT` | deadline of every wait: `30`, `500ms`, `5m` (default 60 s) |
-//! | `BRAID_DEBUG` | log filter for `tracing` (`info`, `debug`, `braid=trace`) |
-//! | `BRAID_JOB_KEY` | shared secret every TCP link and TCP store connection proves (challenge-response; never sent); `braid run` generates one |
-//! | `BRAID_RENDEZVOUS_BYTES` | transfers at least this long go single-copy between ranks of a host (default 128K) |
-//! | `BRAID_STREAM_RECV_BYTES` | plain receives at least this long leave shared rings through non-temporal stores (default a sixteenth of the last-level cache, 4M to 64M) |
-//! | `BRAID_CMA` | plain buffers between processes of a host go single-copy through `process_vm_readv` in exchanges (`exchange`, the default: both ranks send and receive plain data in the same round), in every transfer (`1`) or never (`0`) |
-//! | `BRAID_FORWARD_GRAIN` | smallest piece of a forward written on memory links while its reduction goes on (default 16K) |
-//! | `BRAID_FORWARD_PASS_BYTES` | bytes of a forwarded segment reduced per pass before its forward gets a turn (default 256K) |
-//! | `BRAID_PEER_CHUNK` | single-copy reductions read the peer's data in chunks of this size (default 1M) |
-//! | `BRAID_NT_STORES` | `auto` (default: time plain and non-temporal copies into shared-memory rings and keep the faster), `on`, `off` |
-//! | `BRAID_SPIN` | how long a rank with a core of its own polls before yielding, then sleeping (default 20ms) |
-//! | `BRAID_SHM_RING_BYTES` | bytes per direction of a shared-memory link's ring (default 2M, 4M when the host's ranks outnumber their CPUs, less with many ranks: 16M per rank in all) |
-//! | `BRAID_FUSION_BYTES` | largest bucket of a [`crate::fusion::Fuser`] (default 64M; `0`: one collective per tensor) |
-//! | `BRAID_FUSION_CYCLE` | how long a fuser's request waits for others to share its bucket (default 1ms; `0`: none) |
-//! | `BRAID_FUSION_COMPRESSION` | `fp16`, `bf16`: a fuser sends f32 sums and averages as halves with error feedback (default `none`) |
-//! | `BRAID_BIND` | `auto` (default: launched ranks whose affinity nobody narrowed, one core each, round robin when they outnumber the cores), `core`, `none` |
-//! | `BRAID_TRACE_BUFFER` | calls each communicator's flight recorder keeps (default 2000; `0`: off), see [`crate::recorder`] |
-//! | `BRAID_TRACE_DIR` | where each rank writes its flight record (JSON) when a call fails, on abort, on SIGUSR1 and on SIGTERM, SIGINT, SIGHUP and SIGQUIT (default: nowhere; [`crate::Communicator::flight_record`] still answers) |
-//! | `BRAID_TIMELINE` | write every call (and its rounds) as Chrome trace events, one file per rank named after this one (see [`crate::recorder::timeline`]); `braid timeline` draws them |
-//! | `BRAID_METRICS` | `1`: count calls, bytes, time and bus bandwidth per op and failures by kind ([`crate::Communicator::stats`]; default off) |
-//! | `BRAID_METRICS_ADDR` | `HOST:PORT`: turn the metrics on and serve them to Prometheus at `http://HOST:PORT+L/metrics`, L the process's first communicator's local rank (see [`crate::recorder::exporter`]) |
-//! | `BRAID_IB_HCA` | RDMA device, `name` or `name:port` (default: the first device, port 1) |
-//! | `BRAID_IB_GID_INDEX` | GID index for RoCE (default 0) |
+//! Every variable braid reads, with its default and meaning, is one table in
+//! [`environment`], from which `docs/environment.md` is generated (a test fails
+//! when the page, the table or the code drift apart). Defaults live in
+//! [`defaults`], which the layers below read without reading this module.
 //!
 //! When `BRAID_RANK` is absent, launchers are recognised: torchrun (`RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`; with
@@ -54,14 +23,15 @@
 //! first host, a reserved or derived port, [`crate::bootstrap::slurm`]). Open MPI
 //! across hosts and MPICH without PMIx fail at once, naming the `BRAID_STORE` to pass.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::transport::TransportKind;
 
-/// Default deadline for every blocking wait.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub mod defaults;
+pub mod environment;
+use crate::transport::TransportKind;
+use defaults::flag;
+pub use defaults::{parse_duration, parse_size, StreamPolicy, Tuning, DEFAULT_TIMEOUT};
 
 /// Everything a communicator needs to know before it connects.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -339,168 +309,22 @@ impl Config {
     }
 }
 
-/// A boolean variable: `1`, `true`, `on`, `yes` or `0`, `false`, `off`, `no`
-/// (any case); None when unset or empty.
-fn flag(get: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<bool>> {
-    match get(name).map(|v| v.trim().to_ascii_lowercase()) {
-        None => Ok(None),
-        Some(v) if v.is_empty() => Ok(None),
-        Some(v) => match v.as_str() {
-            "1" | "true" | "on" | "yes" => Ok(Some(true)),
-            "0" | "false" | "off" | "no" => Ok(Some(false)),
-            _ => Err(Error::Config(format!("{name}=`{v}` is not a boolean (use 1 or 0)"))),
-        },
-    }
-}
-
-/// Parse a duration: plain seconds (`30`, `2.5`) or a number with a unit
-/// (`ms`, `s`, `m`, `h`).
-pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().map_err(|_| format!("`{text}` is not a duration (try 30, 500ms, 5m)"))?;
-    let secs = match unit.trim() {
-        "" | "s" | "sec" | "secs" => value,
-        "ms" => value / 1e3,
-        "us" => value / 1e6,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        u => return Err(format!("unknown unit `{u}` in `{text}` (use ms, s, m or h)")),
-    };
-    if !secs.is_finite() || secs <= 0.0 {
-        return Err(format!("`{text}` must be a positive duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Parse a byte size with optional K/M/G suffix (powers of 1024): `4096`, `1K`, `16M`.
-pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
-    let t = text.trim();
-    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1usize << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        Some('B') => return parse_size(&t[..t.len() - 1]),
-        _ => (t, 1),
-    };
-    num.trim()
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("`{text}` is not a size (try 4096, 1K, 16M, 1G)"))
-}
-
-/// Whether ring writes use non-temporal stores (`BRAID_NT_STORES`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StreamPolicy {
-    /// Time both kinds of copy and use the faster (the default).
-    #[default]
-    Auto,
-    /// Always stream writes of at least 1 KiB.
-    On,
-    /// Never stream.
-    Off,
-}
-
-impl FromStr for StreamPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Ok(StreamPolicy::Auto),
-            "1" | "on" | "yes" | "true" => Ok(StreamPolicy::On),
-            "0" | "off" | "no" | "false" => Ok(StreamPolicy::Off),
-            other => Err(format!("`{other}` is not auto, on or off")),
+impl Config {
+    /// `e` with where the settings came from in front (the launcher, the rank and world
+    /// it gave, the store URL), so a failure to meet says what was derived; nothing is
+    /// added for a communicator configured in code, whose caller knows.
+    pub(crate) fn with_launch(&self, e: Error, url: &str) -> Error {
+        if self.launcher == "code" {
+            return e;
         }
-    }
-}
-
-/// Thresholds and grain sizes of the byte-stream channels, measured on one machine
-/// and settable per communicator (environment or [`Config::tuning`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuning {
-    /// Transfers at least this long go single-copy on links that can read peer memory.
-    pub rendezvous_bytes: usize,
-    /// Plain (unregistered) buffers between processes may go single-copy through
-    /// `process_vm_readv` (probed at connect time; `BRAID_CMA=0` turns it off).
-    pub cma: bool,
-    /// With `cma`, plain buffers go single-copy only in exchanges (the default,
-    /// `BRAID_CMA=exchange`; `1` for every transfer): a one-way transfer measured
-    /// faster through the shared ring, whose two copies then run on two cores at
-    /// once (2 ranks, 16 MiB: all-gather 1.9x faster single-copy, broadcast 1.1x
-    /// slower; results/one-host-2026-11-27.md).
-    pub cma_exchanges_only: bool,
-    /// Plain receives at least this long are copied out of shared rings with
-    /// non-temporal stores (`BRAID_STREAM_RECV_BYTES`; default a sixteenth of the
-    /// last-level cache, between 4 and 64 MiB).
-    pub stream_recv_bytes: usize,
-    /// Smallest piece of a forward written on memory links while its reduction goes on.
-    pub forward_grain: usize,
-    /// Bytes of a forwarded segment reduced per pass before its forward gets a turn.
-    pub forward_pass_bytes: usize,
-    /// Single-copy reductions read the peer's data in chunks of this size.
-    pub peer_chunk: usize,
-    /// A rank with a core of its own polls its links this long after the last
-    /// progress before it yields and then sleeps.
-    pub spin: Duration,
-    /// Whether shared-memory ring writes (of at least 1 KiB) use non-temporal stores: `Auto`
-    /// times both and keeps the faster.
-    pub nt_stores: StreamPolicy,
-}
-
-impl Default for Tuning {
-    fn default() -> Tuning {
-        Tuning {
-            rendezvous_bytes: crate::executor::stream::RENDEZVOUS_BYTES,
-            cma: true,
-            cma_exchanges_only: true,
-            stream_recv_bytes: crate::executor::stream::default_stream_recv_bytes(),
-            forward_grain: crate::executor::stream::FORWARD_GRAIN,
-            forward_pass_bytes: crate::executor::stream::FORWARD_PASS_BYTES,
-            peer_chunk: crate::executor::stream::PEER_CHUNK,
-            spin: crate::executor::DEFAULT_SPIN,
-            nt_stores: StreamPolicy::Auto,
+        let url = crate::bootstrap::redact_store_url(url);
+        let what = format!("launcher {}: rank {} of {}, store {url}", self.launcher, self.rank, self.world_size);
+        match e {
+            Error::Config(m) => Error::Config(format!("{what}: {m}")),
+            Error::Store(m) => Error::Store(format!("{what}: {m}")),
+            Error::Io { what: w, source } => Error::Io { what: format!("{what}: {w}"), source },
+            other => other,
         }
-    }
-}
-
-impl Tuning {
-    /// The defaults, overridden by `BRAID_RENDEZVOUS_BYTES`, `BRAID_CMA`,
-    /// `BRAID_FORWARD_GRAIN`, `BRAID_FORWARD_PASS_BYTES`, `BRAID_PEER_CHUNK` and
-    /// `BRAID_SPIN`;
-    /// a malformed value is an error naming the variable.
-    pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Tuning> {
-        let mut t = Tuning::default();
-        let size = |key: &str, min: usize, slot: &mut usize| -> Result<()> {
-            if let Some(v) = get(key).filter(|v| !v.trim().is_empty()) {
-                let n = parse_size(&v).map_err(|e| Error::Config(format!("{key}: {e}")))?;
-                if n < min || n > 1 << 30 {
-                    return Err(Error::Config(format!("{key}: {n} is outside {min}..=1G")));
-                }
-                *slot = n;
-            }
-            Ok(())
-        };
-        size("BRAID_RENDEZVOUS_BYTES", 0, &mut t.rendezvous_bytes)?;
-        size("BRAID_FORWARD_GRAIN", 1, &mut t.forward_grain)?;
-        size("BRAID_FORWARD_PASS_BYTES", 4096, &mut t.forward_pass_bytes)?;
-        size("BRAID_PEER_CHUNK", 4096, &mut t.peer_chunk)?;
-        size("BRAID_STREAM_RECV_BYTES", 0, &mut t.stream_recv_bytes)?;
-        if let Some(v) = get("BRAID_SPIN").filter(|v| !v.trim().is_empty()) {
-            t.spin = parse_duration(&v).map_err(|e| Error::Config(format!("BRAID_SPIN: {e}")))?;
-            if t.spin > Duration::from_secs(10) {
-                return Err(Error::Config(format!("BRAID_SPIN: {v} is above 10 s")));
-            }
-        }
-        if let Some(v) = get("BRAID_NT_STORES") {
-            t.nt_stores = v.parse().map_err(|e| Error::Config(format!("BRAID_NT_STORES: {e}")))?;
-        }
-        if get("BRAID_CMA").is_some_and(|v| v.trim().eq_ignore_ascii_case("exchange")) {
-            (t.cma, t.cma_exchanges_only) = (true, true);
-        } else if let Some(on) = flag(get, "BRAID_CMA")? {
-            (t.cma, t.cma_exchanges_only) = (on, false);
-        }
-        Ok(t)
     }
 }
 
