@@ -1,5 +1,5 @@
 /* mpi_alltoall.c - Open MPI's MPI_Alltoall timed the way ../shared/peers'
- * mpi_allreduce.c times the other collectives, so results/vs_mpi.sh can set
+ * mpi_allreduce.c times the other collectives, so results/scripts/vs_mpi.sh can set
  * braid's all-to-all beside it (the shared peer has no all-to-all).
  *
  * SIZE (bytes, --sizes) is each rank's whole send buffer, as `braid perf` and
