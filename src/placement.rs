@@ -166,7 +166,7 @@ pub(crate) fn plan(
         // one core), 3 runs each: the tuner's pick ran within 6% of the best
         // algorithm forced at every size from 4 KiB to 64 MiB, against 18% in
         // pairs, and its calls took 0.69-0.89x the time from 16 KiB to 256 KiB
-        // and 1.03-1.06x from 1 MiB up (results/bind-2026-11-26.md).
+        // and 1.03-1.06x from 1 MiB up (results/tuner-2026-11-26b.md, data in results/data/bind-2026-11-26/).
         return Decision::Bind(order[local_rank % order.len()]);
     }
     match order.get(local_rank) {

@@ -2,7 +2,7 @@
 //! sizes 0 to 16384, random roots and algorithms) on four workers for 60 s,
 //! SIGKILLs one every 10 s and starts a replacement that joins; every result is
 //! checked exactly and the long-lived workers' resident memory must stay within
-//! 10% of its value after 10 s. `results/soak.sh` runs the long version.
+//! 10% of its value after 10 s. `results/scripts/soak.sh` runs the long version.
 
 mod common;
 

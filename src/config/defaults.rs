@@ -150,7 +150,7 @@ impl FromStr for StreamPolicy {
 }
 
 /// Thresholds and grain sizes of the byte-stream channels, measured on one machine
-/// and settable per communicator (environment or [`Config::tuning`]).
+/// and settable per communicator (environment or [`crate::config::Config::tuning`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
     /// Transfers at least this long go single-copy on links that can read peer memory.

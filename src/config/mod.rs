@@ -17,10 +17,10 @@
 //!
 //! Without `BRAID_STORE`, mpirun and srun derive one (the store URL says which):
 //! `pmix:NAMESPACE` when PMIx's variables are set (rank 0 publishes its store through
-//! PMIx, [`crate::bootstrap::pmix`]; `BRAID_PMIX_LIBRARY` names the library if not
+//! PMIx, `bootstrap::pmix`; `BRAID_PMIX_LIBRARY` names the library if not
 //! `libpmix.so.2`), `local:ID` for Open MPI on one host without PMIx (a private store
 //! keyed by the job id), `slurm://HOST:PORT` for srun without PMIx (the nodelist's
-//! first host, a reserved or derived port, [`crate::bootstrap::slurm`]). Open MPI
+//! first host, a reserved or derived port, `bootstrap::slurm`). Open MPI
 //! across hosts and MPICH without PMIx fail at once, naming the `BRAID_STORE` to pass.
 
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! that asks, on PORT plus that communicator's local rank (so the ranks of one host,
 //! one process each, listen on PORT, PORT+1, ...; threads of one process share the
 //! first one's). Later communicators register with it. A request is read with a
-//! deadline and at most [`MAX_REQUEST`] bytes; anything but `GET /metrics` (or `/`)
+//! deadline and at most `MAX_REQUEST` bytes; anything but `GET /metrics` (or `/`)
 //! gets 404 or 400. The responder thread never touches a communicator's lock: it
 //! reads the counters' atomics.
 

@@ -18,7 +18,7 @@ fn registry() -> &'static Mutex<Vec<Weak<FlightRecorder>>> {
     LIVE.get_or_init(|| Mutex::new(Vec::new()))
 }
 
-/// Have `recorder` written on SIGUSR1 and the fatal signals of [`FATAL`] (when it
+/// Have `recorder` written on SIGUSR1 and the fatal signals of `FATAL` (when it
 /// has a trace directory), starting the watcher the first time.
 pub fn watch(recorder: &Arc<FlightRecorder>) {
     if recorder.dir().is_none() {
