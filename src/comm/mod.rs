@@ -19,8 +19,9 @@
 //! Files: `mod.rs` the public API; `calls.rs` argument checks and buffer layout;
 //! `turn.rs` issue-order ticketing and abort; `engine.rs` running one call on the
 //! links; `builder.rs` building over a store; `split.rs` sub-communicators
-//! (split, dup, new_group); `binding.rs` binding a communicator to a device
-//! (single-copy peers).
+//! (split, dup, new_group); `origin.rs` where a communicator came from and its
+//! id; `binding.rs` binding a communicator to a device (single-copy peers), and
+//! `device_binding.rs` what a bound communicator holds.
 
 mod any_source;
 mod async_borrowed;
@@ -29,9 +30,11 @@ mod binding;
 mod borrowed;
 mod builder;
 mod calls;
+mod device_binding;
 mod device_calls;
 mod engine;
 mod grow;
+mod origin;
 mod p2p_group;
 mod panic_note;
 mod rooted_raw;
@@ -53,7 +56,6 @@ pub use p2p_group::P2p;
 pub use shrink::Agreement;
 
 use crate::algorithm::{Algorithm, Schedule};
-use crate::bootstrap::Store;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::executor::{PeerChannel, StreamChannel, WaitPolicy};
@@ -63,7 +65,7 @@ use crate::tuner::AlgoPolicy;
 use crate::types::{CallSig, DType, Element, OpKind, ReduceOp};
 use calls::Core;
 use engine::Engine;
-use split::InProcGroup;
+use origin::{InProcGroup, Origin};
 use turn::Shared;
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -143,38 +145,7 @@ pub struct Communicator {
     worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
 }
 
-/// Where a communicator came from.
-enum Origin {
-    /// Built over a store, under a prefix.
-    Store(Box<StoreOrigin>),
-    /// Threads of one process joined by in-memory links.
-    InProcess(Arc<InProcGroup>),
-    /// Over links the caller connected.
-    Links,
-}
-
-/// A store-built communicator's store, namespace and settings.
-struct StoreOrigin {
-    store: Arc<dyn Store>,
-    prefix: String,
-    cfg: Config,
-    /// How errors name the store (its URL, or the object passed to the builder).
-    label: String,
-}
-
 impl Communicator {
-    /// Connect using the environment (`BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_STORE`, ...
-    /// or a recognised launcher's variables).
-    pub fn from_env() -> Result<Communicator> {
-        CommunicatorBuilder::from_config(Config::from_env()?).build()
-    }
-
-    /// A builder for rank `rank` of `world_size` (see [`CommunicatorBuilder`] for
-    /// how communicators sharing a store are told apart).
-    pub fn builder(rank: usize, world_size: usize) -> CommunicatorBuilder {
-        CommunicatorBuilder::from_config(Config::new(rank, world_size))
-    }
-
     /// `world_size` communicators whose ranks are threads of this process, joined by
     /// in-memory links. Move each into its own thread.
     pub fn in_process(world_size: usize) -> Result<Vec<Communicator>> {
