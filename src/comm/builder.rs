@@ -29,7 +29,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use super::{Communicator, Origin, StoreOrigin};
+use super::origin::{comm_id, Origin, StoreOrigin};
+use super::Communicator;
 use crate::algorithm::Algorithm;
 use crate::bootstrap::{connect_store, PrefixStore, Store};
 use crate::config::Config;
@@ -194,6 +195,20 @@ impl CommunicatorBuilder {
     }
 }
 
+impl Communicator {
+    /// Connect using the environment (`BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_STORE`, ...
+    /// or a recognised launcher's variables).
+    pub fn from_env() -> Result<Communicator> {
+        CommunicatorBuilder::from_config(Config::from_env()?).build()
+    }
+
+    /// A builder for rank `rank` of `world_size` (see [`CommunicatorBuilder`] for
+    /// how communicators sharing a store are told apart).
+    pub fn builder(rank: usize, world_size: usize) -> CommunicatorBuilder {
+        CommunicatorBuilder::from_config(Config::new(rank, world_size))
+    }
+}
+
 /// Which store a rank's communicator counter belongs to.
 enum StoreIdent {
     /// A store object passed to the builder (ranks that are threads share one).
@@ -231,18 +246,6 @@ fn next_index(ident: &StoreIdent, rank: usize) -> u64 {
     let c = map.entry((key, rank)).or_insert(Counter { object, next: 0 });
     c.next += 1;
     c.next - 1
-}
-
-/// 32-bit FNV-1a over `parts`, each followed by a zero byte.
-pub(super) fn fnv32(parts: &[&[u8]]) -> u32 {
-    parts
-        .iter()
-        .fold(0x811c_9dc5u32, |h, p| p.iter().chain(&[0u8]).fold(h, |h, b| (h ^ *b as u32).wrapping_mul(0x0100_0193)))
-}
-
-/// The id frames of the communicator under `prefix` with this nonce carry.
-pub(super) fn comm_id(prefix: &str, nonce: &[u8]) -> u32 {
-    fnv32(&[prefix.as_bytes(), nonce])
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -82,7 +82,7 @@ pub(crate) struct Engine {
     /// Scratch of the last call on device buffers (kept while the device is).
     pub(super) device_scratch: Option<DeviceBuffer>,
     /// The device the communicator is bound to and its single-copy peers.
-    pub(super) binding: Option<super::binding::DeviceBinding>,
+    pub(super) binding: Option<super::device_binding::DeviceBinding>,
     pub(super) queues: executor::Queues,
     pub(super) plans: HashMap<PlanKey, Arc<Schedule>>,
     /// The plans of the latest distinct calls, most recent first.

@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::builder::connect;
-use super::{Communicator, Origin};
+use super::origin::Origin;
+use super::Communicator;
 use crate::bootstrap::Store;
 use crate::config::Config;
 use crate::error::{Error, Result};

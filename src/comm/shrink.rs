@@ -24,8 +24,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::origin::Origin;
 use super::split::list_name;
-use super::{Communicator, Origin};
+use super::Communicator;
 use crate::bootstrap::Store;
 use crate::error::{Error, OpContext, Result};
 

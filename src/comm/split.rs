@@ -11,59 +11,18 @@
 //! (`Communicator::in_process`) gets its own in-memory links. Either way the child
 //! is independent of its parent and its siblings: all may run calls at the same time.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use super::builder::{comm_id, connect, fnv32};
-use super::{Communicator, Origin};
-use crate::config::Config;
+use super::builder::connect;
+use super::origin::{fnv32, InProcGroup, Origin};
+use super::Communicator;
 use crate::error::{Error, Result};
 use crate::executor::WaitPolicy;
 use crate::transport::loopback::LoopbackLink;
 use crate::transport::Link;
 
-/// One row of an in-process mesh: this rank's links to every other rank.
-type Row = Vec<Option<LoopbackLink>>;
-/// A sub-group being formed: its shared state and the rows not yet taken.
-type Forming = (Arc<InProcGroup>, Vec<Option<Row>>);
-
-/// What the threads of one in-process group share: how to make sub-groups.
-pub(super) struct InProcGroup {
-    /// Namespace of this group (sub-groups extend it), unique in the process.
-    prefix: String,
-    /// Random bytes of this process's first group: ids of groups of this process
-    /// differ from those of another process with the same prefixes.
-    nonce: [u8; 16],
-    cfg: Config,
-    /// Where the group's threads agree after a failure ([`Communicator::agree`]),
-    /// shared with its sub-groups (keys are under each group's prefix).
-    pub(super) store: Arc<crate::bootstrap::MemStore>,
-    /// Meshes of sub-groups being formed, by prefix: the first member to arrive
-    /// creates the mesh; each takes its row; the last removes the entry.
-    forming: Mutex<HashMap<String, Forming>>,
-}
-
 impl InProcGroup {
-    pub(super) fn new(
-        prefix: String,
-        nonce: [u8; 16],
-        cfg: Config,
-        store: Arc<crate::bootstrap::MemStore>,
-    ) -> InProcGroup {
-        InProcGroup { prefix, nonce, cfg, store, forming: Mutex::new(HashMap::new()) }
-    }
-
-    /// This group's namespace.
-    pub(super) fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The id of this group's communicators.
-    pub(super) fn id(&self) -> u32 {
-        comm_id(&self.prefix, &self.nonce)
-    }
-
     /// Rank `rank` of the `world`-rank sub-group `name`.
     pub(super) fn join(&self, name: &str, rank: usize, world: usize) -> Result<Communicator> {
         let (group, row) = {
