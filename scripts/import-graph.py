@@ -12,6 +12,7 @@ reach any layer. Macros are not followed.
     scripts/import-graph.py            # circles spanning more than one file; exit 1 if any
     scripts/import-graph.py --layers   # also each directory's edges to other directories
     scripts/import-graph.py --edges A  # what file A imports, and from where
+    scripts/import-graph.py --src DIR  # another checkout's src/ (before and after)
 
 Approximations: an item defined twice in one module under `cfg` is one item;
 enum variants and associated items resolve to the enum's or type's file.
@@ -336,6 +337,9 @@ def sccs(nodes, edges):
 
 
 def main():
+    global ROOT
+    if "--src" in sys.argv:  # another checkout's src/, e.g. a worktree of an older commit
+        ROOT = os.path.normpath(os.path.abspath(sys.argv[sys.argv.index("--src") + 1]))
     crate = Crate(ROOT)
     edges = crate.edges()
     rel = lambda p: os.path.relpath(p, os.path.join(ROOT, ".."))

@@ -70,7 +70,7 @@ impl Communicator {
     /// collective) is passed over, and its frame stays for the call it belongs to.
     /// When no peer is left that could send a match (each passed over or closed),
     /// the call fails at once naming one of them; when none sends within the
-    /// communicator's timeout, it fails with [`Error::Timeout`] naming the silent
+    /// communicator's timeout, it fails with [`crate::Error::Timeout`] naming the silent
     /// ranks. A send of another length fails as [`Communicator::recv`] would.
     /// Host buffers; links of every host transport (in-process, shared memory, TCP).
     ///
