@@ -351,11 +351,6 @@ impl CallSig {
         CallSig { tag: if self.op.point_to_point() { tag } else { 0 }, ..self }
     }
 
-    /// This signature running `algorithm`.
-    pub fn with_algorithm(self, algorithm: crate::algorithm::Algorithm) -> CallSig {
-        CallSig { algo: algorithm.code() | (self.algo & REPRODUCIBLE), ..self }
-    }
-
     /// This signature in reproducible mode (`on`, reducing ops only: the mode only
     /// changes how they reduce), so a rank in that mode and one outside it fail
     /// with an error naming both.
@@ -378,27 +373,5 @@ impl CallSig {
     }
 }
 
-impl fmt::Display for CallSig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}(dtype={}, count={}", self.op, self.dtype, self.count)?;
-        if self.op.rooted() {
-            write!(f, ", root={}", self.root)?;
-        }
-        if self.op.point_to_point() && self.root == ANY_SOURCE {
-            write!(f, ", peer=any, tag={}", self.tag)?;
-        } else if self.op.point_to_point() {
-            write!(f, ", peer={}, tag={}", self.root, self.tag)?;
-        }
-        if self.op.reduces() {
-            write!(f, ", op={}", self.reduce_op)?;
-        }
-        f.write_str(")")?;
-        if let Some(a) = crate::algorithm::Algorithm::from_code(self.algo & !REPRODUCIBLE) {
-            write!(f, " via {a}")?;
-        }
-        if self.algo & REPRODUCIBLE != 0 {
-            f.write_str(" (reproducible)")?;
-        }
-        Ok(())
-    }
-}
+// `CallSig::with_algorithm` and `Display for CallSig` name `crate::algorithm::Algorithm`,
+// so they are in `algorithm/call_sig.rs`: this file stays below the planners that import it.

@@ -16,7 +16,7 @@
 //! needed. Every rank first copies its Input into its own Output block (skipped by
 //! the executor in place, where Input is that block).
 
-use super::collectives::Builder;
+use super::builder::Builder;
 use super::halving_doubling::Fold;
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule};
 

@@ -5,7 +5,7 @@
 //! across ranks: a segment moves one hop per round, so `S` segments over `n` ranks
 //! take `S + n - 2` rounds and each rank sends each byte once.
 
-use super::collectives::Builder;
+use super::builder::Builder;
 use super::{Algorithm, BufId, PlanParams, PlanRequest, Region, Schedule};
 
 /// Segment geometry of one chain: element-aligned segments of `seg` bytes (the last

@@ -38,7 +38,7 @@
 //! leaf, by a send rounds before the broadcast lands), which keeps in-place calls
 //! safe.
 
-use super::collectives::{chunk, Builder};
+use super::builder::{chunk, Builder};
 use super::{Algorithm, BufId, PlanParams, PlanRequest, Region, Schedule};
 
 /// The in-order binary tree on positions `1..=n` (see the module docs).

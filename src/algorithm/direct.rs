@@ -2,7 +2,7 @@
 //! other rank, then (for reducing ops) a local round that folds the received
 //! buffers. Lowest latency for small messages; `n - 1` times the traffic of a ring.
 
-use super::collectives::Builder;
+use super::builder::Builder;
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule};
 
 /// Scratch slot of peer `p` on rank `r`: slots are packed, skipping `r` itself.

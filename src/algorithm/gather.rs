@@ -12,7 +12,7 @@
 //!   laid out by relative rank. The root sends or receives only `log2 n` messages,
 //!   at the price of forwarding blocks through inner ranks: latency, not bandwidth.
 
-use super::collectives::Builder;
+use super::builder::Builder;
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule};
 
 /// Direct gather: the root copies its Input to Output block `root` (a no-op in

@@ -16,7 +16,7 @@
 //! reduce kernels are commutative bitwise (`crate::reduce`), so all ranks end with
 //! bitwise-identical results although each puts its own operand on the left.
 
-use super::collectives::{chunk, Builder};
+use super::builder::{chunk, Builder};
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule};
 
 /// How a world of `n` ranks maps onto the `p = 2^levels` ranks that run the

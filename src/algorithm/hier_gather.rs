@@ -19,7 +19,7 @@
 //! host, or one rank per host, there is one level only: the schedule is direct's,
 //! labelled hierarchical.
 
-use super::collectives::Builder;
+use super::builder::Builder;
 use super::gather::{gather_direct, scatter_direct};
 use super::hierarchical::is_flat;
 use super::{Algorithm, BufId, PlanParams, PlanRequest, Region, Schedule};

@@ -40,7 +40,7 @@
 
 use std::cmp::Reverse;
 
-use super::collectives::{chunk, Builder};
+use super::builder::{chunk, Builder};
 use super::ring::{self, all_gather_rounds, all_reduce_rounds, reduce_scatter_rounds, Ring};
 use super::{Algorithm, BufId, PlanParams, PlanRequest, Region, Schedule};
 

@@ -26,7 +26,7 @@
 //! ring's `n - 1` rounds, and for hierarchical that raw chunks cross between hosts
 //! instead of host partials (reported in the closing note of issue 18).
 
-use super::collectives::{chunk, Builder};
+use super::builder::{chunk, Builder};
 use super::direct::{self, fold_in_rank_order, slot};
 use super::ring::{all_gather_rounds, Ring};
 use super::{hierarchical, Algorithm, BufId, PlanRequest, Region, Schedule};

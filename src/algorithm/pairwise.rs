@@ -2,7 +2,7 @@
 //! which rank `r` talks to `r + k` and hears from `r - k` with a distance `k` that
 //! changes every round.
 
-use super::collectives::Builder;
+use super::builder::Builder;
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule, Step};
 
 /// Pairwise all-to-all (`count` is the per-peer block): copy Input block `r` to

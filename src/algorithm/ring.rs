@@ -14,7 +14,7 @@
 //! segmentation and any starting round, so the hierarchical planners run the same
 //! rings inside hosts and across them.
 
-use super::collectives::{chunk, Builder};
+use super::builder::{chunk, Builder};
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule};
 
 /// One ring: its ranks in ring order and this rank's position among them.

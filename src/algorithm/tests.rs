@@ -3,6 +3,7 @@
 
 use super::check::{check, check_schedules};
 use super::*;
+use crate::types::OpKind;
 
 /// Counts that hit the edge cases of chunking: empty, fewer elements than ranks,
 /// one more, uneven, and a prime.

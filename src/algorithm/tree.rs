@@ -6,7 +6,7 @@
 //! a broadcast every `v < 2^k` that already holds the data sends it to `v + 2^k`;
 //! reduce runs the same tree backwards.
 
-use super::collectives::Builder;
+use super::builder::Builder;
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule};
 
 /// Rounds of a binomial tree over `n` ranks: `ceil(log2 n)`.

@@ -13,10 +13,11 @@
 //!   then (reduce-scatter-v) a local fold in rank order.
 //! - Pairwise (all-to-all-v): in round `k - 1` send to `r + k`, receive from `r - k`.
 
-use super::collectives::Builder;
+use super::builder::Builder;
 use super::direct::{fold_in_rank_order, slot};
 use super::ring::Ring;
 use super::{Algorithm, BufId, PlanRequest, Region, Schedule, Step, VBlocks};
+use crate::types::OpKind;
 
 /// Block `j` of `buf` as a byte region.
 fn block(buf: BufId, counts: &[usize], displs: &[usize], es: usize, j: usize) -> Region {
@@ -159,8 +160,8 @@ pub(crate) fn invalid(req: &PlanRequest) -> Option<String> {
         return Some(format!("{op} needs its per-rank counts"));
     };
     let (send, recv) = match op {
-        super::OpKind::AllGatherV => (false, true),
-        super::OpKind::ReduceScatterV => (true, false),
+        OpKind::AllGatherV => (false, true),
+        OpKind::ReduceScatterV => (true, false),
         _ => (true, true),
     };
     let lists = [("send", send, v.send_counts, v.send_displs), ("recv", recv, v.recv_counts, v.recv_displs)];
@@ -177,7 +178,7 @@ pub(crate) fn invalid(req: &PlanRequest) -> Option<String> {
             return Some(format!("{op}: {what} blocks overflow the address space"));
         }
     }
-    if op == super::OpKind::AllToAllV && v.send_counts[req.rank] != v.recv_counts[req.rank] {
+    if op == OpKind::AllToAllV && v.send_counts[req.rank] != v.recv_counts[req.rank] {
         return Some(format!(
             "{op}: rank {} sends itself {} elements but expects {}",
             req.rank, v.send_counts[req.rank], v.recv_counts[req.rank]

@@ -8,7 +8,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::super::{algorithms_for, plan, Algorithm, BufId, OpKind, PlanRequest, Region, Step, VBlocks};
+use super::super::{algorithms_for, plan, Algorithm, BufId, PlanRequest, Region, Step, VBlocks};
+use crate::types::OpKind;
 
 /// One rank's buffers.
 struct Mem {
