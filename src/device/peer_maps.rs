@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use super::{DevicePtr, PeerProcess};
+use super::interface::{DevicePtr, PeerProcess};
 use crate::error::{Error, Result};
 
 /// Bytes of [`process_token`].

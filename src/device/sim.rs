@@ -31,8 +31,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
+use super::interface::{Device, DevicePtr, Export, PeerProcess, Ticket};
 use super::peer_maps::{check_claim, process_token, Mappings, TOKEN_LEN};
-use super::{Device, DevicePtr, Export, PeerProcess, Ticket};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::types::{DType, ReduceOp};

@@ -28,12 +28,13 @@ use crate::error::{Error, Result};
 use crate::types::{DType, ReduceOp};
 
 mod kernels;
+mod table;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use kernels::{Max, Min, Prod, Sum};
+use table::{Table, K2, K3};
 
 /// `acc = acc ⊕ inc`, elementwise, with `op.combiner()` semantics (`Avg` reduces as
 /// `Sum`; call [`finalize`] once at the end).
@@ -106,68 +107,7 @@ fn check_lengths(dtype: DType, lens: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Two-operand kernel on aligned typed slices of equal length.
-///
-/// `unsafe` because AVX2 entries may only run on CPUs with the feature; a [`Table`]
-/// only holds entries the running CPU supports.
-type K2<T> = unsafe fn(&mut [T], &[T]);
-/// Three-operand kernel on aligned typed slices of equal length (same contract as [`K2`]).
-type K3<T> = unsafe fn(&mut [T], &[T], &[T]);
-
-/// The kernels for one element type, indexed by [`op_index`].
-struct Ops<T> {
-    two: [K2<T>; 4],
-    three: [K3<T>; 4],
-}
-
-impl<T> Ops<T> {
-    fn new(two: [K2<T>; 4], three: [K3<T>; 4]) -> Self {
-        Ops { two, three }
-    }
-}
-
-/// Every kernel for one instruction-set level.
-struct Table {
-    name: &'static str,
-    f32: Ops<f32>,
-    f64: Ops<f64>,
-    f16: Ops<f16>,
-    bf16: Ops<bf16>,
-    i8: Ops<i8>,
-    u8: Ops<u8>,
-    i32: Ops<i32>,
-    i64: Ops<i64>,
-}
-
-/// Kernels from the generic loops built by `two`/`three` for one element type.
-macro_rules! generic_ops {
-    ($two:ident, $three:ident, $t:ty) => {
-        Ops::new(
-            [$two::<$t, Sum>, $two::<$t, Prod>, $two::<$t, Min>, $two::<$t, Max>],
-            [$three::<$t, Sum>, $three::<$t, Prod>, $three::<$t, Min>, $three::<$t, Max>],
-        )
-    };
-}
-// Path-based export so `x86.rs` can use it regardless of declaration order.
-pub(crate) use generic_ops;
-
 impl Table {
-    /// Baseline kernels, valid on every CPU.
-    fn portable() -> Table {
-        use kernels::{f16_portable2 as f2, f16_portable3 as f3, portable2, portable3};
-        Table {
-            name: "portable",
-            f32: generic_ops!(portable2, portable3, f32),
-            f64: generic_ops!(portable2, portable3, f64),
-            f16: Ops::new([f2::<Sum>, f2::<Prod>, f2::<Min>, f2::<Max>], [f3::<Sum>, f3::<Prod>, f3::<Min>, f3::<Max>]),
-            bf16: generic_ops!(portable2, portable3, bf16),
-            i8: generic_ops!(portable2, portable3, i8),
-            u8: generic_ops!(portable2, portable3, u8),
-            i32: generic_ops!(portable2, portable3, i32),
-            i64: generic_ops!(portable2, portable3, i64),
-        }
-    }
-
     /// The fastest kernels this CPU supports.
     fn detect() -> Table {
         #[cfg(target_arch = "x86_64")]

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use half::{bf16, f16};
 
 use super::kernels::{map2, map3, ElemOp, Max, Min, Prod, Sum};
-use super::{generic_ops, Ops, Table};
+use super::table::{generic_ops, Ops, Table};
 
 /// The AVX2 table, or `None` when the CPU lacks AVX2 or F16C. (Every AVX2 CPU
 /// shipped has F16C; requiring both keeps one table and one name.)

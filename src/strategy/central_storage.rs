@@ -5,10 +5,8 @@
 
 use std::ops::Range;
 
-use super::{
-    combine_local, flatten, on_each, same_shapes, scale, unflatten, ApplyFn, Reduction, Replica, StepFn, Strategy,
-    Tensors,
-};
+use super::base::{combine_local, on_each, ApplyFn, Reduction, Replica, StepFn, Strategy};
+use super::tensors::{flatten, same_shapes, scale, unflatten, Tensors};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::types::ReduceOp;

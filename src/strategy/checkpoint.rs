@@ -16,7 +16,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{same_shapes, Tensors};
+use super::tensors::{same_shapes, Tensors};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8] = b"braid checkpoint 1\n";

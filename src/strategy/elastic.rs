@@ -20,43 +20,16 @@
 
 use std::time::{Duration, Instant};
 
+use super::base::{ApplyFn, StepFn, Strategy};
+use super::elastic_state::Joining;
+pub use super::elastic_state::Recovery;
 use super::mirrored::{MultiWorkerMirrored, SyncReplica};
-use super::{flatten, unflatten, ApplyFn, StepFn, Strategy, Tensors};
+use super::tensors::{flatten, unflatten, Tensors};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 
 /// How often rank 0 looks in the store for processes waiting to join.
 const JOIN_POLL: Duration = Duration::from_millis(200);
-
-/// Where replacement processes wait to join ([`MultiWorkerMirrored::joinable`]),
-/// and how rank 0 looks for them.
-pub(super) struct Joining {
-    pub(super) name: String,
-    /// When rank 0 last read the store.
-    last_look: Instant,
-    /// The most replicas the job had: the count replacements restore.
-    full: usize,
-    /// How long rank 0 holds a step for replacements after a loss, if at all.
-    hold: Option<Duration>,
-    /// Since when the job is short of replicas and rank 0 has not yet held.
-    short_since: Option<Instant>,
-}
-
-/// One recovery from lost workers ([`MultiWorkerMirrored::recoveries`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Recovery {
-    /// The step (counted from 0 over the run) that failed on this replica.
-    pub step: u64,
-    /// Replicas before and after.
-    pub replicas: (usize, usize),
-    /// Whether this replica took the step's result from one that was ahead
-    /// instead of computing it again.
-    pub adopted: bool,
-    /// From the failure's error to the step completed on the survivors.
-    pub took: Duration,
-    /// The error that started it.
-    pub cause: String,
-}
 
 impl MultiWorkerMirrored {
     /// Go on without lost workers as long as at least `min_replicas` remain (see

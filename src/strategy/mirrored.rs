@@ -6,10 +6,9 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use super::{
-    combine_local, flatten, on_each, same_shapes, scale, unflatten, ApplyFn, Reduction, Replica, StepFn, Strategy,
-    Tensors,
-};
+use super::base::{combine_local, on_each, ApplyFn, Reduction, Replica, StepFn, Strategy};
+use super::elastic_state::{Joining, Recovery};
+use super::tensors::{flatten, same_shapes, scale, unflatten, Tensors};
 use crate::algorithm::Algorithm;
 use crate::comm::Communicator;
 use crate::config::Config;
@@ -231,9 +230,9 @@ pub struct MultiWorkerMirrored {
     pub(super) steps_done: u64,
     pub(super) last_loss: f64,
     /// What each recovery did, in order.
-    pub(super) recoveries: Vec<super::elastic::Recovery>,
+    pub(super) recoveries: Vec<Recovery>,
     /// Where replacement processes wait to join, and how rank 0 looks for them.
-    pub(super) joinable: Option<super::elastic::Joining>,
+    pub(super) joinable: Option<Joining>,
     /// Joiners taken in, per growth: (step, replicas before, after).
     pub(super) growths: Vec<(u64, usize, usize)>,
 }

@@ -3,7 +3,8 @@
 
 use std::ops::Range;
 
-use super::{combine_local, same_shapes, scale, ApplyFn, Reduction, Replica, StepFn, Strategy, Tensors};
+use super::base::{combine_local, ApplyFn, Reduction, Replica, StepFn, Strategy};
+use super::tensors::{same_shapes, scale, Tensors};
 use crate::error::{Error, Result};
 
 /// Training on one device: the step function sees the whole global batch.

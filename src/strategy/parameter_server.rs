@@ -19,7 +19,8 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use super::{flatten, same_shapes, split_batch, unflatten, ApplyFn, Reduction, Replica, StepFn, Strategy, Tensors};
+use super::base::{split_batch, ApplyFn, Reduction, Replica, StepFn, Strategy};
+use super::tensors::{flatten, same_shapes, unflatten, Tensors};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 

@@ -14,7 +14,8 @@
 use std::ops::Range;
 use std::path::Path;
 
-use super::{same_shapes, split_batch, ApplyFn, Reduction, Replica, StepFn, Strategy, Tensors};
+use super::base::{split_batch, ApplyFn, Reduction, Replica, StepFn, Strategy};
+use super::tensors::{same_shapes, Tensors};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::types::ReduceOp;
@@ -90,9 +91,9 @@ impl Sharded {
     }
 
     fn build(comm: Communicator, vars: Tensors, optimizer: Option<Box<dyn ShardOptimizer>>) -> Result<Sharded> {
-        let mut flat = super::flatten(&vars);
+        let mut flat = super::tensors::flatten(&vars);
         comm.broadcast(&mut flat, 0)?;
-        let vars = super::unflatten(&flat, &vars);
+        let vars = super::tensors::unflatten(&flat, &vars);
         let shards = split_batch(flat.len(), comm.world_size());
         let mine = shards[comm.rank()].len();
         let state = vec![0.0; optimizer.as_ref().map_or(0, |o| o.state_per_element()) * mine];
@@ -147,12 +148,12 @@ impl Strategy for Sharded {
         if !same_shapes(&g.grads, &self.vars) {
             // Still take part, so the other replicas fail on the mismatch instead
             // of waiting: another call at this turn, and the collectives say so.
-            let _ = self.comm.all_reduce_in_place(&mut super::flatten(&g.grads), ReduceOp::Sum);
+            let _ = self.comm.all_reduce_in_place(&mut super::tensors::flatten(&g.grads), ReduceOp::Sum);
             return Err(Error::InvalidArgument(format!(
                 "replica {rank}: the step's gradients do not have the variables' shapes"
             )));
         }
-        self.comm.reduce_scatter_v(&super::flatten(&g.grads), &mut mine, &counts, ReduceOp::Sum)?;
+        self.comm.reduce_scatter_v(&super::tensors::flatten(&g.grads), &mut mine, &counts, ReduceOp::Sum)?;
         let mut loss = [g.loss];
         self.comm.all_reduce_in_place(&mut loss, ReduceOp::Sum)?;
         let k = 1.0 / global_batch.max(1) as f32;
@@ -193,7 +194,7 @@ impl Strategy for Sharded {
         if !same_shapes(&vars, &self.vars) {
             return Err(Error::InvalidArgument("sharded: new variables do not have the old shapes".into()));
         }
-        self.flat = super::flatten(&vars);
+        self.flat = super::tensors::flatten(&vars);
         self.vars = vars;
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use super::cost::LinkClass;
-use super::probe::Measured;
+use super::measured::Measured;
 
 /// A description of this host's hardware and software: CPU model and count,
 /// total memory, kernel release, braid's version. Read once per process.

@@ -17,6 +17,7 @@
 mod cache;
 pub(crate) mod calibrate;
 pub mod cost;
+mod measured;
 mod policy;
 pub mod probe;
 
