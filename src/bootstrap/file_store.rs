@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::bootstrap::Store;
+use crate::bootstrap::store::Store;
 use crate::error::{Error, Result};
 
 /// Every key file starts with this, so the empty key has a name and no key file can

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::Store;
+use crate::bootstrap::store::Store;
 use crate::error::{Error, Result};
 
 /// A store held in this process: share it (in an `Arc`) between rank threads.

@@ -26,8 +26,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::JobKey;
+use crate::bootstrap::hosted_store::HostedStore;
 use crate::bootstrap::pmix::{self, Published, MAX_VALUE};
-use crate::bootstrap::{Store, StoreLimits, TcpStore, TcpStoreServer};
+use crate::bootstrap::store::Store;
+use crate::bootstrap::tcp_store::{StoreLimits, TcpStore, TcpStoreServer};
 use crate::error::{Error, Result};
 
 /// The hint every multi-host failure ends with.
@@ -36,41 +38,6 @@ pub const MPIRUN_HINT: &str =
 const STORE_FILE: &str = "store";
 /// Longest job id accepted in a directory name.
 const MAX_ID: usize = 128;
-
-/// A client of a store server this process hosts; the server stops when it drops.
-pub struct HostedStore {
-    // Declared first: the client's connections close before the server stops.
-    client: TcpStore,
-    _server: TcpStoreServer,
-}
-
-impl HostedStore {
-    /// Keep `server` alive as long as `client`.
-    pub fn new(client: TcpStore, server: TcpStoreServer) -> HostedStore {
-        HostedStore { client, _server: server }
-    }
-}
-
-impl Store for HostedStore {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.client.set(key, value)
-    }
-    fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.client.get(key)
-    }
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.client.wait(keys, timeout)
-    }
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.client.add(key, delta)
-    }
-    fn delete(&self, key: &str) -> Result<bool> {
-        self.client.delete(key)
-    }
-    fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
-        self.client.set_if_absent(key, value)
-    }
-}
 
 /// What a launcher's variables said about the store, for the debug log.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -31,8 +31,9 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::auth::JobKey;
-use crate::bootstrap::mpi::HostedStore;
-use crate::bootstrap::{Store, StoreLimits, TcpStore, TcpStoreServer};
+use crate::bootstrap::hosted_store::HostedStore;
+use crate::bootstrap::store::Store;
+use crate::bootstrap::tcp_store::{StoreLimits, TcpStore, TcpStoreServer};
 use crate::error::{Error, Result};
 
 /// The library's soname: the ABI of PMIx 2 to 5.
@@ -425,9 +426,14 @@ pub fn parse_url(url: &str) -> Option<(&str, Option<&str>)> {
     })
 }
 
+/// How [`connect`] opens its fallback URL: the URL dispatcher
+/// ([`crate::bootstrap::connect_store`]), passed in by that dispatcher so that
+/// this module, which it calls, does not call back up into it.
+pub(crate) type OpenUrl = fn(&str, bool, usize, JobKey, Duration) -> Result<Arc<dyn Store>>;
+
 /// Connect to the store of a job started with PMIx (see the module docs).
 /// `rank0` says whether braid's rank is 0, which must agree with PMIx's rank;
-/// `fallback` is used when PMIx cannot be loaded.
+/// `fallback` is used when PMIx cannot be loaded, opened with `open`.
 pub fn connect(
     namespace: &str,
     fallback: Option<&str>,
@@ -435,6 +441,7 @@ pub fn connect(
     world_size: usize,
     key: JobKey,
     timeout: Duration,
+    open: OpenUrl,
 ) -> Result<Arc<dyn Store>> {
     // Connecting to the launcher's PMIx server gets the same deadline as the fence.
     let unusable = match with_deadline(timeout, "PMIx_Init".into(), || Ok(session())) {
@@ -450,7 +457,7 @@ pub fn connect(
             };
             if let Some(url) = fallback {
                 tracing::info!(namespace, "PMIx is not usable ({why}); using the store derived without it: {url}");
-                return crate::bootstrap::connect_store(url, rank0, world_size, key, timeout);
+                return open(url, rank0, world_size, key, timeout);
             }
             let fix = match u {
                 Unusable::Missing(_) => {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bootstrap::Store;
+use crate::bootstrap::store::Store;
 use crate::error::Result;
 
 /// A view of `inner` in which every key `k` is stored as `"{prefix}/{k}"`.

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
-use crate::bootstrap::{redact_store_url, Store};
+use crate::bootstrap::store::{redact_store_url, Store};
 use crate::error::{Error, Result};
 
 const SCHEME: &str = "redis://";

@@ -21,8 +21,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::JobKey;
-use crate::bootstrap::mpi::{Derived, HostedStore};
-use crate::bootstrap::{Store, StoreLimits, TcpStore, TcpStoreServer};
+use crate::bootstrap::hosted_store::HostedStore;
+use crate::bootstrap::mpi::Derived;
+use crate::bootstrap::store::Store;
+use crate::bootstrap::tcp_store::{StoreLimits, TcpStore, TcpStoreServer};
 use crate::error::{Error, Result};
 
 /// Ports a derived port falls in (unprivileged, below the usual ephemeral range 32768-60999).

@@ -42,6 +42,7 @@
 //! timeout is never retried: the request may be in progress.
 
 mod admit;
+mod limits;
 pub(crate) mod resolve;
 mod server;
 mod wire;
@@ -52,12 +53,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, JobKey, PROOF_LEN};
-use crate::bootstrap::Store;
+use crate::bootstrap::store::Store;
 use crate::error::{Error, Result};
+pub use limits::StoreLimits;
 pub(crate) use resolve::route_source;
 use resolve::{resolve_within, Hosting};
 use server::bind_wildcard;
-pub use server::{StoreLimits, TcpStoreServer};
+pub use server::TcpStoreServer;
 use wire::*;
 
 /// Added to a WAIT's own timeout for the reply to come back.

@@ -20,17 +20,19 @@
 pub(crate) mod detect;
 #[doc(hidden)]
 pub mod mock;
+mod torchrun;
 mod wire;
 
 use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::{PrefixStore, Store};
+use crate::bootstrap::prefix_store::PrefixStore;
+use crate::bootstrap::store::Store;
 use crate::error::{Error, Result};
 
-pub use detect::torchrun_store_url;
+pub use torchrun::torchrun_store_url;
 
 /// Connections a client keeps open between calls.
 const MAX_IDLE_CONNS: usize = 2;
@@ -70,7 +72,7 @@ impl TorchStore {
     pub fn connect(addr: &str, timeout: Duration) -> Result<TorchStore> {
         let timeout = timeout.max(Duration::from_millis(1));
         let deadline = Instant::now() + timeout;
-        let (stream, peer) = detect::connect_until(addr, deadline, true)?.ok_or_else(|| {
+        let (stream, peer) = connect_until(addr, deadline, true)?.ok_or_else(|| {
             Error::Store(format!(
                 "torch store {addr}: nothing accepted a connection within {timeout:?} (is torchrun's agent, or \
                  the process that called init_process_group, running? otherwise {STORE_FIX})"
@@ -168,6 +170,37 @@ impl TorchStore {
 impl std::fmt::Debug for TorchStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TorchStore").field("addr", &self.addr).field("peer", &self.peer).finish_non_exhaustive()
+    }
+}
+
+/// Connect to `addr` ("HOST:PORT") by `deadline`: with `retry`, again with backoff
+/// while the name does not resolve or nothing accepts; without, one try of each
+/// address. None when nothing accepted; a configuration error when `addr` is not
+/// HOST:PORT.
+fn connect_until(addr: &str, deadline: Instant, retry: bool) -> Result<Option<(TcpStream, SocketAddr)>> {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        match addr.to_socket_addrs() {
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                return Err(Error::Config(format!("store address `{addr}` is not HOST:PORT: {e}")));
+            }
+            Err(e) => tracing::debug!(addr, "store address does not resolve yet: {e}"),
+            Ok(addrs) => {
+                for sa in addrs {
+                    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                    if let Ok(s) = TcpStream::connect_timeout(&sa, left.min(Duration::from_secs(5))) {
+                        let _ = s.set_nodelay(true);
+                        return Ok(Some((s, sa)));
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        if !retry || now >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(backoff.min(deadline - now));
+        backoff = (backoff * 2).min(Duration::from_millis(200));
     }
 }
 

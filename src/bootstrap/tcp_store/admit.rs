@@ -14,7 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Instant;
 
-use super::server::StoreLimits;
+use super::limits::StoreLimits;
 use super::wire::*;
 use crate::auth::{self, Challenge, JobKey, PROOF_LEN};
 

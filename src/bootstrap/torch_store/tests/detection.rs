@@ -34,7 +34,7 @@ fn braids_own_server_is_still_joined_as_braids_store() {
         store.set("k", b"braid").unwrap();
         assert_eq!(TcpStore::connect(&addr, key(), T).unwrap().get("k").unwrap().unwrap(), b"braid");
     }
-    let (s, _) = detect::connect_until(&addr, Instant::now() + T, false).unwrap().unwrap();
+    let (s, _) = connect_until(&addr, Instant::now() + T, false).unwrap().unwrap();
     assert_eq!(identify(&s, &addr, T).unwrap(), Server::Braid);
 }
 
@@ -49,7 +49,7 @@ fn a_braid_greeting_later_than_the_window_is_still_recognised() {
         // Hold the connection until the client is done with it.
         let _ = c.read(&mut [0u8; 64]);
     });
-    let (s, _) = detect::connect_until(&addr, Instant::now() + T, false).unwrap().unwrap();
+    let (s, _) = connect_until(&addr, Instant::now() + T, false).unwrap().unwrap();
     assert_eq!(identify(&s, &addr, T).unwrap(), Server::Braid);
     drop(s);
     server.join().unwrap();
