@@ -28,6 +28,29 @@ impl fmt::Display for OpContext {
 }
 
 /// Every error braid returns.
+///
+/// Match on the variant to tell a caller's mistake from a peer's failure. Here a
+/// receive whose peer never sends runs into the communicator's deadline:
+///
+/// ```
+/// use std::time::Duration;
+/// use braid::{Communicator, Config, Error};
+/// let mut cfg = Config::new(0, 2);
+/// cfg.timeout = Duration::from_millis(50);
+/// let comms = Communicator::in_process_with(cfg)?;
+/// let mut buf = [0u8; 4];
+/// match comms[1].recv(&mut buf, 0) {
+///     Err(Error::Timeout { ctx, waiting_on, .. }) => {
+///         assert_eq!(ctx.rank, 1);
+///         assert_eq!(waiting_on, [0]);
+///     }
+///     other => panic!("expected a timeout, got {other:?}"),
+/// }
+/// // Buffers of the wrong size are refused before anything is sent:
+/// let e = comms[0].all_gather(&[1u8; 4], &mut [0u8; 5]).unwrap_err();
+/// assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+/// # Ok::<(), braid::Error>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A caller passed an argument that cannot work (sizes, ranks, dtypes).

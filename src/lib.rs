@@ -95,6 +95,31 @@
 //!   `default-features = false` (and `features = ["cuda"]` for GPU buffers) to link
 //!   only what the library needs.
 //!
+//! ## Examples
+//!
+//! Four ranks as threads of this process (in-memory links; runs anywhere):
+//!
+//! ```
+//! use braid::{Communicator, ReduceOp};
+//! let comms = Communicator::in_process(4)?;
+//! std::thread::scope(|s| {
+//!     let ranks: Vec<_> = comms
+//!         .iter()
+//!         .map(|comm| s.spawn(move || -> braid::Result<()> {
+//!             let mut grads = vec![comm.rank() as f32; 8];
+//!             comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
+//!             assert_eq!(grads, [1.5; 8]); // (0 + 1 + 2 + 3) / 4
+//!             Ok(())
+//!         }))
+//!         .collect();
+//!     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+//! })?;
+//! # Ok::<(), braid::Error>(())
+//! ```
+//!
+//! One rank per process, started by a launcher (not run as a test: it needs the
+//! launcher's variables in every process):
+//!
 //! ```no_run
 //! use braid::{Communicator, ReduceOp};
 //! # fn main() -> braid::Result<()> {

@@ -44,6 +44,39 @@ use crate::transport::{self, ConnectRequest, TransportKind};
 const NONCE_LEN: usize = 16;
 
 /// Builds a [`Communicator`] from explicit settings (see [`Config`] for the knobs).
+///
+/// Ranks meet through a [`Store`]: a URL (`tcp://`, `file://`) for separate
+/// processes, or one store object that threads share. Here two threads meet
+/// through an in-memory store and link over loopback TCP:
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use braid::bootstrap::{MemStore, Store};
+/// use braid::{Communicator, ReduceOp, TransportKind};
+/// let store: Arc<dyn Store> = Arc::new(MemStore::new());
+/// let ranks: Vec<_> = (0..2)
+///     .map(|rank| {
+///         let store = store.clone();
+///         std::thread::spawn(move || -> braid::Result<f64> {
+///             let comm = Communicator::builder(rank, 2)
+///                 .store(store)
+///                 .transports(vec![TransportKind::Tcp])
+///                 .socket_ifname("lo")
+///                 .tuner_probe(false) // skip measuring the links: a short job
+///                 .timeout(Duration::from_secs(30))
+///                 .build()?;
+///             let mut x = [rank as f64 + 1.0];
+///             comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+///             Ok(x[0])
+///         })
+///     })
+///     .collect();
+/// for h in ranks {
+///     assert_eq!(h.join().unwrap()?, 3.0);
+/// }
+/// # Ok::<(), braid::Error>(())
+/// ```
 pub struct CommunicatorBuilder {
     config: Config,
     store: Option<Arc<dyn Store>>,
@@ -198,12 +231,37 @@ impl CommunicatorBuilder {
 impl Communicator {
     /// Connect using the environment (`BRAID_RANK`, `BRAID_WORLD_SIZE`, `BRAID_STORE`, ...
     /// or a recognised launcher's variables).
+    ///
+    /// Not run as a test: it needs a launcher (`braid run`, torchrun, mpirun, srun)
+    /// to have set the variables in every rank's process.
+    ///
+    /// ```no_run
+    /// use braid::{Communicator, ReduceOp};
+    /// // Started as e.g. `braid run -n 4 ./train`, in each of the four processes:
+    /// let comm = Communicator::from_env()?;
+    /// let mut loss = [0.25f32];
+    /// comm.all_reduce_in_place(&mut loss, ReduceOp::Avg)?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn from_env() -> Result<Communicator> {
         CommunicatorBuilder::from_config(Config::from_env()?).build()
     }
 
     /// A builder for rank `rank` of `world_size` (see [`CommunicatorBuilder`] for
-    /// how communicators sharing a store are told apart).
+    /// how communicators sharing a store are told apart, and for an example).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use braid::bootstrap::MemStore;
+    /// use braid::Communicator;
+    /// // A world of one rank: it meets only itself at the store.
+    /// let comm = Communicator::builder(0, 1).store(Arc::new(MemStore::new())).tuner_probe(false).build()?;
+    /// assert_eq!((comm.rank(), comm.world_size()), (0, 1));
+    /// // Without a store (none given, none in the configuration) it fails at once:
+    /// let err = Communicator::builder(0, 2).build().err().unwrap();
+    /// assert!(matches!(err, braid::Error::Config(_)), "{err}");
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn builder(rank: usize, world_size: usize) -> CommunicatorBuilder {
         CommunicatorBuilder::from_config(Config::new(rank, world_size))
     }

@@ -81,6 +81,29 @@ fn worker_stopped() -> Error {
 /// Every rank must issue the same collectives in the same order; a rank that
 /// issues a different call gets [`Error::Mismatch`] naming both calls, and its
 /// peers learn why from an abort frame instead of waiting for a deadline.
+///
+/// Three ranks as threads of this process, each adding its own values into the
+/// sum every rank receives:
+///
+/// ```
+/// use braid::{Communicator, ReduceOp};
+/// let comms = Communicator::in_process(3)?;
+/// let sums = std::thread::scope(|s| {
+///     let ranks: Vec<_> = comms
+///         .iter()
+///         .map(|c| {
+///             s.spawn(move || {
+///                 let grads = [c.rank() as f32 + 1.0; 4];
+///                 let mut sum = [0f32; 4];
+///                 c.all_reduce(&grads, &mut sum, ReduceOp::Sum).map(|()| sum)
+///             })
+///         })
+///         .collect();
+///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<braid::Result<Vec<_>>>()
+/// })?;
+/// assert_eq!(sums, vec![[6.0; 4]; 3]); // 1 + 2 + 3 on every rank
+/// # Ok::<(), braid::Error>(())
+/// ```
 pub struct Communicator {
     pub(super) core: Arc<Core>,
     /// How it was made: what [`Communicator::split`] builds children from. Holds
@@ -100,7 +123,28 @@ pub struct Communicator {
 
 impl Communicator {
     /// `world_size` communicators whose ranks are threads of this process, joined by
-    /// in-memory links. Move each into its own thread.
+    /// in-memory links. Move each into its own thread (or share it with one, as
+    /// here: the calls take `&self`).
+    ///
+    /// ```
+    /// use braid::{Communicator, ReduceOp};
+    /// let comms = Communicator::in_process(4)?;
+    /// assert_eq!(comms.iter().map(|c| c.rank()).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    /// assert!(comms.iter().all(|c| c.world_size() == 4));
+    /// std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|c| s.spawn(move || -> braid::Result<()> {
+    ///             let mut top = [c.rank() as i32];
+    ///             c.all_reduce_in_place(&mut top, ReduceOp::Max)?;
+    ///             assert_eq!(top, [3]);
+    ///             Ok(())
+    ///         }))
+    ///         .collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+    /// })?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn in_process(world_size: usize) -> Result<Vec<Communicator>> {
         Communicator::in_process_with(Config::new(0, world_size.max(1)))
     }
@@ -431,6 +475,26 @@ impl Communicator {
     }
 
     /// Reduce `input` across ranks into `output` on every rank.
+    ///
+    /// ```
+    /// use braid::{Communicator, ReduceOp};
+    /// let comms = Communicator::in_process(3)?;
+    /// std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|c| s.spawn(move || -> braid::Result<()> {
+    ///             // Rank r holds [10r, 10r + 1, 10r + 2].
+    ///             let input: Vec<i64> = (0..3).map(|i| 10 * c.rank() as i64 + i).collect();
+    ///             let mut output = [0i64; 3];
+    ///             c.all_reduce(&input, &mut output, ReduceOp::Sum)?;
+    ///             assert_eq!(output, [30, 33, 36]); // 10 * (0 + 1 + 2) + 3i
+    ///             Ok(())
+    ///         }))
+    ///         .collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+    /// })?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn all_reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
         self.typed(OpKind::AllReduce, input.len(), 0, op, Some(input), output)
     }
@@ -439,6 +503,24 @@ impl Communicator {
         self.typed(OpKind::AllReduce, buf.len(), 0, op, None, buf)
     }
     /// Broadcast `buf` from `root` to every rank, in place.
+    ///
+    /// ```
+    /// use braid::Communicator;
+    /// let comms = Communicator::in_process(3)?;
+    /// std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|c| s.spawn(move || -> braid::Result<()> {
+    ///             let mut weights = if c.rank() == 1 { [7.0f64, 8.0, 9.0] } else { [0.0; 3] };
+    ///             c.broadcast(&mut weights, 1)?;
+    ///             assert_eq!(weights, [7.0, 8.0, 9.0]);
+    ///             Ok(())
+    ///         }))
+    ///         .collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+    /// })?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
         self.typed(OpKind::Broadcast, buf.len(), root, ReduceOp::Sum, None, buf)
     }
@@ -447,6 +529,24 @@ impl Communicator {
         self.typed(OpKind::Broadcast, output.len(), root, ReduceOp::Sum, Some(input), output)
     }
     /// Gather every rank's `input` into `output` (`world_size * input.len()`), in rank order.
+    ///
+    /// ```
+    /// use braid::Communicator;
+    /// let comms = Communicator::in_process(3)?;
+    /// std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|c| s.spawn(move || -> braid::Result<()> {
+    ///             let mut all = [0u8; 6];
+    ///             c.all_gather(&[c.rank() as u8; 2], &mut all)?;
+    ///             assert_eq!(all, [0, 0, 1, 1, 2, 2]);
+    ///             Ok(())
+    ///         }))
+    ///         .collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+    /// })?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         self.typed(OpKind::AllGather, input.len(), 0, ReduceOp::Sum, Some(input), output)
     }
@@ -456,6 +556,27 @@ impl Communicator {
         self.typed(OpKind::AllGather, c, 0, ReduceOp::Sum, None, buf)
     }
     /// Reduce `input` (`world_size * output.len()` elements) and leave block `rank` in `output`.
+    ///
+    /// ```
+    /// use braid::{Communicator, ReduceOp};
+    /// let comms = Communicator::in_process(3)?;
+    /// std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|c| s.spawn(move || -> braid::Result<()> {
+    ///             // Every rank holds [0, 1, ..., 5]: three blocks of two.
+    ///             let input: Vec<f32> = (0..6).map(|i| i as f32).collect();
+    ///             let mut mine = [0f32; 2];
+    ///             c.reduce_scatter(&input, &mut mine, ReduceOp::Sum)?;
+    ///             let first = 2.0 * c.rank() as f32;
+    ///             assert_eq!(mine, [3.0 * first, 3.0 * (first + 1.0)]);
+    ///             Ok(())
+    ///         }))
+    ///         .collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+    /// })?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
         self.typed(OpKind::ReduceScatter, output.len(), 0, op, Some(input), output)
     }
@@ -505,14 +626,76 @@ impl Communicator {
         self.typed(OpKind::AllToAll, c, 0, ReduceOp::Sum, None, buf)
     }
     /// Wait until every rank has called `barrier`.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use braid::Communicator;
+    /// let comms = Communicator::in_process(4)?;
+    /// let arrived = &AtomicUsize::new(0);
+    /// std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|c| s.spawn(move || -> braid::Result<()> {
+    ///             arrived.fetch_add(1, Ordering::SeqCst);
+    ///             c.barrier()?;
+    ///             // No rank gets past the barrier before all four reached it.
+    ///             assert_eq!(arrived.load(Ordering::SeqCst), 4);
+    ///             Ok(())
+    ///         }))
+    ///         .collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+    /// })?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn barrier(&self) -> Result<()> {
         self.collective_bytes(CallSig::new(OpKind::Barrier, DType::U8, 0, 0, ReduceOp::Sum), None, &mut [])
     }
-    /// Send `buf` to `peer`.
+    /// Send `buf` to `peer`, which receives it with [`Communicator::recv`] (the
+    /// same element type and length).
+    ///
+    /// A ping-pong: rank 0 sends, rank 1 answers with the values doubled.
+    ///
+    /// ```
+    /// use braid::Communicator;
+    /// let comms = Communicator::in_process(2)?;
+    /// std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|c| s.spawn(move || -> braid::Result<()> {
+    ///             let mut buf = [0i32; 3];
+    ///             if c.rank() == 0 {
+    ///                 c.send(&[1i32, 2, 3], 1)?;
+    ///                 c.recv(&mut buf, 1)?;
+    ///                 assert_eq!(buf, [2, 4, 6]);
+    ///             } else {
+    ///                 c.recv(&mut buf, 0)?;
+    ///                 c.send(&buf.map(|x| 2 * x), 0)?;
+    ///             }
+    ///             Ok(())
+    ///         }))
+    ///         .collect();
+    ///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+    /// })?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
         self.send_bytes(bytemuck::cast_slice(buf), T::DTYPE, peer)
     }
-    /// Receive `buf.len()` elements from `peer`.
+    /// Receive `buf.len()` elements from `peer` (see [`Communicator::send`]).
+    ///
+    /// ```
+    /// use braid::Communicator;
+    /// let comms = Communicator::in_process(2)?;
+    /// std::thread::scope(|s| {
+    ///     let (zero, one) = (&comms[0], &comms[1]);
+    ///     let sender = s.spawn(move || zero.send(&[0.5f32, 1.5], 1));
+    ///     let mut got = [0f32; 2];
+    ///     one.recv(&mut got, 0)?;
+    ///     assert_eq!(got, [0.5, 1.5]);
+    ///     sender.join().unwrap()
+    /// })?;
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
         self.recv_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, peer)
     }

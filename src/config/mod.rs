@@ -34,6 +34,29 @@ use defaults::flag;
 pub use defaults::{parse_duration, parse_size, StreamPolicy, Tuning, DEFAULT_TIMEOUT};
 
 /// Everything a communicator needs to know before it connects.
+///
+/// Read from the environment with [`Config::from_env`], or built in code: start
+/// from [`Config::new`] and set the fields that differ from the defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// use braid::{Communicator, Config, ReduceOp};
+/// let mut cfg = Config::new(0, 2);
+/// cfg.timeout = Duration::from_secs(5);
+/// cfg.deterministic = true;
+/// assert_eq!((cfg.world_size, cfg.launcher, cfg.store.as_deref()), (2, "code", None));
+/// // In-process ranks take their count, timeout and modes from it:
+/// let comms = Communicator::in_process_with(cfg)?;
+/// assert_eq!(comms[1].timeout(), Duration::from_secs(5));
+/// std::thread::scope(|s| {
+///     let ranks: Vec<_> = comms
+///         .iter()
+///         .map(|c| s.spawn(move || c.all_reduce_in_place(&mut [0.1f32, 0.2], ReduceOp::Sum)))
+///         .collect();
+///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+/// })?;
+/// # Ok::<(), braid::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// This rank, `0..world_size`.
@@ -161,6 +184,26 @@ impl Config {
     }
 
     /// Read configuration through `get` (the environment, or a map in tests).
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::time::Duration;
+    /// use braid::Config;
+    /// let vars = HashMap::from([
+    ///     ("BRAID_RANK", "1"),
+    ///     ("BRAID_WORLD_SIZE", "4"),
+    ///     ("BRAID_STORE", "tcp://10.0.0.1:29500"),
+    ///     ("BRAID_TIMEOUT", "30s"),
+    /// ]);
+    /// let cfg = Config::from_lookup(|k| vars.get(k).map(|v| v.to_string()))?;
+    /// assert_eq!((cfg.rank, cfg.world_size, cfg.launcher), (1, 4, "braid"));
+    /// assert_eq!(cfg.store.as_deref(), Some("tcp://10.0.0.1:29500"));
+    /// assert_eq!(cfg.timeout, Duration::from_secs(30));
+    /// // torchrun's variables when BRAID_RANK is absent; a rank past the world fails:
+    /// let torch = HashMap::from([("RANK", "4"), ("WORLD_SIZE", "4")]);
+    /// assert!(Config::from_lookup(|k| torch.get(k).map(|v| v.to_string())).is_err());
+    /// # Ok::<(), braid::Error>(())
+    /// ```
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let num = |name: &str| -> Result<Option<usize>> {
             match get(name) {

@@ -178,6 +178,34 @@ impl Shared {
 }
 
 /// Packs asynchronous all-reduce requests into buckets, one collective each.
+///
+/// Each rank owns a fuser over its communicator and submits the same requests
+/// in the same order; here two ranks submit three tensors of two dtypes:
+///
+/// ```
+/// use braid::fusion::{Fuser, FusionConfig};
+/// use braid::{Communicator, ReduceOp};
+/// let comms = Communicator::in_process(2)?;
+/// std::thread::scope(|s| {
+///     let ranks: Vec<_> = comms
+///         .into_iter()
+///         .map(|c| s.spawn(move || -> braid::Result<()> {
+///             let r = c.rank() as f32;
+///             let fuser = Fuser::new(c, FusionConfig::default());
+///             let a = fuser.all_reduce(vec![r; 3], ReduceOp::Sum);
+///             let b = fuser.all_reduce(vec![r + 1.0; 5], ReduceOp::Avg);
+///             let n = fuser.all_reduce(vec![1i64; 2], ReduceOp::Sum);
+///             fuser.flush(); // end of step: do not wait for the cycle
+///             assert_eq!(a.wait()?, [1.0; 3]); // 0 + 1
+///             assert_eq!(b.wait()?, [1.5; 5]); // (1 + 2) / 2
+///             assert_eq!(n.wait()?, [2; 2]);
+///             Ok(())
+///         }))
+///         .collect();
+///     ranks.into_iter().try_for_each(|h| h.join().unwrap())
+/// })?;
+/// # Ok::<(), braid::Error>(())
+/// ```
 pub struct Fuser {
     comm: Arc<Communicator>,
     shared: Arc<Shared>,
