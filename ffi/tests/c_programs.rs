@@ -45,7 +45,18 @@ fn tree() -> &'static Tree {
         let out = Command::new(env!("CARGO"))
             .current_dir(&root)
             .env("CARGO_TARGET_DIR", target_dir)
-            .args(["build", "--profile", profile, "-p", "braid-ffi", "-p", "braid-collectives", "--lib", "--bin", "braid"])
+            .args([
+                "build",
+                "--profile",
+                profile,
+                "-p",
+                "braid-ffi",
+                "-p",
+                "braid-collectives",
+                "--lib",
+                "--bin",
+                "braid",
+            ])
             .output()
             .expect("cargo runs");
         assert!(out.status.success(), "building libbraid and braid failed:\n{}", show(&out));
