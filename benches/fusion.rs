@@ -3,7 +3,9 @@
 //! fixed seed), on 2 ranks that are threads of this process, per transport.
 //! `per_tensor` calls `all_reduce_in_place` once per tensor; `fused` submits all
 //! of them to a [`braid::fusion::Fuser`] (default threshold and cycle), flushes,
-//! and waits for every handle. `one_buffer` all-reduces one buffer holding as many
+//! and waits for every handle, with pipelined packing off; `fused_pipelined` does
+//! the same in pieces of `PIPELINE_BYTES` (or as `BRAID_FUSION_PIPELINE` says).
+//! `one_buffer` all-reduces one buffer holding as many
 //! bytes as all the tensors together: no fusion can beat it (it packs nothing and
 //! makes one call), so per_tensor / one_buffer bounds what fusion can gain here.
 //! `bucket_views` all-reduces the same tensors laid out in a
@@ -22,7 +24,7 @@ mod common;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use braid::fusion::{FusedWork, Fuser, FusionConfig, GradientBuffer, Overlap};
+use braid::fusion::{FusedWork, Fuser, FusionConfig, GradientBuffer, Overlap, Pipeline};
 use braid::TransportKind;
 use braid::{Communicator, ReduceOp};
 use common::comms;
@@ -35,6 +37,8 @@ const LAYERS: usize = 50;
 /// Bucket size of the backward pass: small enough that buckets leave while later
 /// layers compute (15.1 MB in about 8 buckets).
 const BACKWARD_BUCKET: usize = 2 << 20;
+/// Piece size of `fused_pipelined` (`BRAID_FUSION_PIPELINE` overrides it).
+const PIPELINE_BYTES: usize = 256 << 10;
 
 /// Element counts of the tensors: 1 KiB to 64 KiB, log-uniform, the same on every rank.
 fn sizes() -> Vec<usize> {
@@ -53,7 +57,8 @@ fn sizes() -> Vec<usize> {
 #[derive(Clone, Copy)]
 enum Mode {
     PerTensor,
-    Fused,
+    /// Through a fuser with this pipelining.
+    Fused(Pipeline),
     OneBuffer,
     BucketViews,
     /// The backward pass: compute alone, all-reduce alone, or both overlapped;
@@ -120,7 +125,10 @@ impl Rank {
                 let total = tensors.iter().map(Vec::len).sum();
                 (Some(comm), None, vec![vec![0.0f32; total]], None)
             }
-            Mode::Fused => (None, Some(Fuser::new(comm, FusionConfig::default())), tensors, None),
+            Mode::Fused(pipeline) => {
+                let cfg = FusionConfig { pipeline, ..FusionConfig::default() };
+                (None, Some(Fuser::new(comm, cfg)), tensors, None)
+            }
             Mode::BucketViews => (Some(comm), None, Vec::new(), views(FusionConfig::default().threshold_bytes)),
             Mode::BackwardCompute(_) | Mode::BackwardComm | Mode::BackwardOverlap(_) => {
                 (Some(comm), None, Vec::new(), views(BACKWARD_BUCKET))
@@ -195,6 +203,10 @@ impl Pair {
 
 fn bench(c: &mut Criterion) {
     let bytes: usize = sizes().iter().map(|n| n * 4).sum();
+    let pipeline = match std::env::var_os("BRAID_FUSION_PIPELINE") {
+        Some(_) => FusionConfig::from_env().expect("BRAID_FUSION_PIPELINE").pipeline,
+        None => Pipeline::Pieces(PIPELINE_BYTES),
+    };
     for (name, kind) in [("inproc", None), ("shm", Some(TransportKind::Shm)), ("tcp", Some(TransportKind::Tcp))] {
         let group = || match kind {
             None => Communicator::in_process(WORLD).expect("inproc"),
@@ -219,7 +231,8 @@ fn bench(c: &mut Criterion) {
         let (cpu, device) = (Layer { time: per_layer, on_cpu: true }, Layer { time: per_layer, on_cpu: false });
         let modes = [
             ("per_tensor", Mode::PerTensor),
-            ("fused", Mode::Fused),
+            ("fused", Mode::Fused(Pipeline::Off)),
+            ("fused_pipelined", Mode::Fused(pipeline)),
             ("one_buffer", Mode::OneBuffer),
             ("bucket_views", Mode::BucketViews),
             ("backward_comm", Mode::BackwardComm),

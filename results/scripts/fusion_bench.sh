@@ -5,11 +5,12 @@
 # one all-reduce of all the bytes, the bound of any fusion); RUNS runs, per-run ratios
 # and their median.
 #   results/scripts/fusion_bench.sh RUNS OUTDIR
+# FILTER (a criterion filter, e.g. 'fused|one_buffer') runs some modes only.
 set -euo pipefail
 runs=$1 out=$2; mkdir -p "$out"
 for r in $(seq 1 "$runs"); do
   rm -rf target/criterion/fusion_1000_tensors_*
-  cargo bench --bench fusion -- --noplot > "$out/run$r.log" 2>&1
+  cargo bench --bench fusion -- --noplot ${FILTER:+"$FILTER"} > "$out/run$r.log" 2>&1
   python3 - "$r" >> "$out/estimates.tsv" <<'PY'
 import glob, json, sys
 for path in sorted(glob.glob("target/criterion/fusion_1000_tensors_*/*/new/estimates.json")):
@@ -31,6 +32,8 @@ print("| transport | per-tensor ms | fused ms | one buffer ms | per-tensor / fus
 print("|---|---|---|---|---|---|---|")
 for g in groups:
     runs = sorted(r for gg, r in t if gg == g)
+    if any("per_tensor" not in t[(g, r)] for r in runs):
+        continue
     pt = [t[(g, r)]["per_tensor"] for r in runs]
     fu = [t[(g, r)]["fused"] for r in runs]
     ob = [t[(g, r)].get("one_buffer", float("nan")) for r in runs]

@@ -127,6 +127,7 @@ pub fn sections() -> Vec<Section> {
             variables: vec![
                 var("BRAID_FUSION_BYTES", size(fusion.threshold_bytes), "largest bucket of a `Fuser`; `0`: one collective per tensor"),
                 var("BRAID_FUSION_CYCLE", duration(fusion.cycle), "how long a fuser's request waits for others to share its bucket; `0`: not at all"),
+                var("BRAID_FUSION_PIPELINE", "`auto`", format!("a fuser's bucket goes out in pieces of this size, packed and unpacked while another is on the wire; `auto`: pieces of {} when a peer is reached over TCP or RDMA; `0`: off; ranks use the largest any asks for", size(crate::fusion::AUTO_PIECE_BYTES))),
                 var("BRAID_FUSION_COMPRESSION", "`none`", "`fp16`, `bf16`: a fuser sends f32 sums and averages as halves, with error feedback"),
             ],
         },

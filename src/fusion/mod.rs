@@ -24,6 +24,7 @@
 
 mod buckets;
 mod compress;
+mod pipeline;
 pub mod plan;
 
 pub use buckets::{GradientBuffer, Overlap};
@@ -40,6 +41,7 @@ use std::time::{Duration, Instant};
 use crate::comm::Communicator;
 use crate::config::{parse_duration, parse_size};
 use crate::error::{Error, Result};
+use crate::transport::TransportKind;
 use crate::types::{CallSig, Element, OpKind, ReduceOp};
 use plan::Entry;
 
@@ -55,11 +57,67 @@ pub struct FusionConfig {
     /// Whether f32 sums and averages travel as f16 or bf16, with error feedback
     /// (default none). Every rank must choose the same.
     pub compression: Compression,
+    /// Pipelined packing: whether a bucket goes out in pieces, each packed and
+    /// unpacked while another is on the wire (uncompressed buckets only).
+    pub pipeline: Pipeline,
+}
+
+/// Pipelined packing of a [`Fuser`]'s buckets (`BRAID_FUSION_PIPELINE`).
+///
+/// Ranks agree on the piece size with each batch (the largest any rank asks
+/// for), so ranks that choose differently still make the same calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pipeline {
+    /// Pieces of [`AUTO_PIECE_BYTES`] when a peer is reached over the network
+    /// (TCP, RDMA), whose copies do not need this rank's core; else off.
+    Auto,
+    /// One call per bucket.
+    Off,
+    /// Pieces of about this many bytes (cut at tensor boundaries).
+    Pieces(usize),
+}
+
+/// The piece size [`Pipeline::Auto`] uses where it pipelines.
+pub const AUTO_PIECE_BYTES: usize = 256 << 10;
+
+impl std::str::FromStr for Pipeline {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Pipeline, String> {
+        match s.trim() {
+            "auto" => Ok(Pipeline::Auto),
+            "0" | "off" => Ok(Pipeline::Off),
+            v => parse_size(v).map(Pipeline::Pieces).map_err(|e| format!("{e} (or `auto`, `off`)")),
+        }
+    }
+}
+
+impl Pipeline {
+    /// The piece size this rank asks for on `comm` (0: none).
+    fn piece_bytes(self, comm: &Communicator) -> usize {
+        match self {
+            Pipeline::Off => 0,
+            Pipeline::Pieces(n) => n,
+            Pipeline::Auto => {
+                let network =
+                    comm.transports().iter().flatten().any(|k| matches!(k, TransportKind::Tcp | TransportKind::Rdma));
+                if network {
+                    AUTO_PIECE_BYTES
+                } else {
+                    0
+                }
+            }
+        }
+    }
 }
 
 impl Default for FusionConfig {
     fn default() -> Self {
-        FusionConfig { threshold_bytes: 64 << 20, cycle: Duration::from_millis(1), compression: Compression::None }
+        FusionConfig {
+            threshold_bytes: 64 << 20,
+            cycle: Duration::from_millis(1),
+            compression: Compression::None,
+            pipeline: Pipeline::Auto,
+        }
     }
 }
 
@@ -87,6 +145,9 @@ impl FusionConfig {
         }
         if let Some(v) = get("BRAID_FUSION_COMPRESSION") {
             cfg.compression = v.parse().map_err(|e| Error::Config(format!("BRAID_FUSION_COMPRESSION: {e}")))?;
+        }
+        if let Some(v) = get("BRAID_FUSION_PIPELINE") {
+            cfg.pipeline = v.parse().map_err(|e| Error::Config(format!("BRAID_FUSION_PIPELINE: {e}")))?;
         }
         Ok(cfg)
     }
@@ -228,6 +289,8 @@ impl Fuser {
                     pending: Vec::new(),
                     consumed: 0,
                     bucket: Vec::new(),
+                    spare: Vec::new(),
+                    piece_bytes: 0,
                     residuals: Default::default(),
                 }
                 .run()
@@ -307,6 +370,10 @@ struct Packer {
     consumed: u64,
     /// The bucket being reduced, kept between buckets.
     bucket: Vec<u8>,
+    /// Pipelined packing's piece buffers, kept between pieces and buckets.
+    spare: Vec<Vec<u8>>,
+    /// The piece size agreed for the batch being run (0: no pipelining).
+    piece_bytes: usize,
     /// Compression's error feedback.
     residuals: compress::Residuals,
 }
@@ -343,9 +410,12 @@ impl Packer {
     /// Agree on the cut, then run every bucket below it.
     fn negotiate_and_run(&mut self) -> Result<()> {
         let mine = self.consumed + self.pending.len() as u64;
-        let mut cut = [i64::try_from(mine).unwrap_or(i64::MAX)];
-        self.comm.all_reduce_in_place(&mut cut, ReduceOp::Min)?;
-        let cut = u64::try_from(cut[0]).unwrap_or(0);
+        // With the cut, the piece size: the largest any rank asks for (min of negations).
+        let want = i64::try_from(self.cfg.pipeline.piece_bytes(&self.comm)).unwrap_or(i64::MAX);
+        let mut agreed = [i64::try_from(mine).unwrap_or(i64::MAX), -want];
+        self.comm.all_reduce_in_place(&mut agreed, ReduceOp::Min)?;
+        let cut = u64::try_from(agreed[0]).unwrap_or(0);
+        self.piece_bytes = agreed[1].checked_neg().and_then(|p| usize::try_from(p).ok()).unwrap_or(0);
         if cut <= self.consumed || cut > mine {
             return Err(Error::Broken(format!(
                 "rank {}: fusion negotiated a cut at request {cut}, outside {}..={mine}",
@@ -372,14 +442,16 @@ impl Packer {
     fn run_batch(&mut self, batch: &mut VecDeque<Request>) -> Result<()> {
         let rank = self.comm.rank();
         let entries: Vec<Entry> = batch.iter().map(|r| r.entry).collect();
-        let fp = plan::fingerprint(&entries);
+        // The bucket size is part of the layout: ranks that differ in it would run
+        // calls of different sizes. (The piece size was agreed with the cut.)
+        let fp = plan::fingerprint_with(&entries, &[self.cfg.threshold_bytes as u64]);
         let mut seen = [fp, -fp];
         self.comm.all_reduce_in_place(&mut seen, ReduceOp::Min)?;
         if seen[0] != -seen[1] {
             return Err(Error::InvalidArgument(format!(
                 "rank {rank}: fused all-reduce of {} tensors: this rank's layout (sizes, dtypes and ops in submission \
-                 order; fingerprint {fp:#x}) differs from another rank's: every rank must submit the same tensors in \
-                 the same order",
+                 order and bucket bytes; fingerprint {fp:#x}) differs from another rank's: every rank must submit \
+                 the same tensors in the same order, with the same BRAID_FUSION_BYTES",
                 batch.len()
             )));
         }
@@ -389,6 +461,14 @@ impl Packer {
             let e = run[0].entry;
             let total: usize = run.iter().map(|q| q.entry.bytes).sum();
             let wire = self.cfg.compression.wire(e.dtype, e.op);
+            if wire.is_none() && self.piece_bytes > 0 && total > self.piece_bytes {
+                self.run_pipelined(run)?;
+                if let Some(t0) = started {
+                    let span = (t0, Instant::now());
+                    self.comm.timeline_span(&format!("bucket {index}"), "fusion", span, Some(("bytes", total as u64)));
+                }
+                continue;
+            }
             // One buffer reused across buckets: a fresh one per bucket paid a page
             // fault per 4 KiB every time.
             let buf = &mut self.bucket;
@@ -451,6 +531,9 @@ impl Packer {
         }
         if self.bucket.capacity() > 2 * self.cfg.threshold_bytes.max(1 << 20) {
             self.bucket = Vec::new();
+        }
+        if self.spare.iter().any(|b| b.capacity() > 2 * self.piece_bytes.max(1 << 20)) {
+            self.spare.clear();
         }
         Ok(())
     }

@@ -49,11 +49,18 @@ pub fn buckets(entries: &[Entry], threshold: usize) -> Vec<Range<usize>> {
 /// same total size would otherwise reduce into each other silently. 62 bits so
 /// that it and its negation both fit an `i64`.
 pub fn fingerprint(entries: &[Entry]) -> i64 {
+    fingerprint_with(entries, &[])
+}
+
+/// [`fingerprint`] over `settings` too (the fuser's bucket and piece sizes, which
+/// decide its calls as much as the entries do).
+pub fn fingerprint_with(entries: &[Entry], settings: &[u64]) -> i64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |b: u8| {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     };
+    settings.iter().for_each(|s| s.to_le_bytes().into_iter().for_each(&mut eat));
     for e in entries {
         eat(e.dtype as u8);
         eat(e.op as u8);

@@ -318,3 +318,134 @@ fn ranks_that_disagree_on_compression_fail_instead_of_mixing() {
         assert!(t.join().unwrap().is_err());
     }
 }
+
+/// Pipelined packing's configurations: pieces far smaller than a bucket, about one
+/// tensor, larger than every bucket (the unpipelined path), and the two named ones
+/// (in process, `Auto` is off).
+const PIPELINES: [(usize, Pipeline); 6] = [
+    (64 << 10, Pipeline::Pieces(1)),
+    (64 << 10, Pipeline::Pieces(4 << 10)),
+    (1 << 20, Pipeline::Pieces(16 << 10)),
+    (8 << 10, Pipeline::Pieces(1 << 20)),
+    (1 << 20, Pipeline::Auto),
+    (1 << 20, Pipeline::Off),
+];
+
+#[test]
+fn pipelined_pieces_reduce_exactly_for_every_world() {
+    for world in [1, 2, 3, 4] {
+        for (threshold, pipeline) in PIPELINES {
+            let cfg = FusionConfig { threshold_bytes: threshold, pipeline, ..FusionConfig::default() };
+            let counts = on_ranks(world, cfg, move |rank, f| {
+                // Twice: the piece buffers are reused across batches.
+                mixed_round_trip(rank, world, f, 70, false) + mixed_round_trip(rank, world, f, 35, true)
+            });
+            assert_eq!(counts, vec![105; world], "world {world} threshold {threshold} {pipeline:?}");
+        }
+    }
+}
+
+/// Two ranks whose fusers differ in (bucket bytes, pipelining) submit the same
+/// 40 tensors; the results of each rank.
+fn with_settings(a: (usize, Pipeline), b: (usize, Pipeline)) -> Vec<Vec<Result<Vec<i32>>>> {
+    let comms = Communicator::in_process(2).unwrap();
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let (threshold_bytes, pipeline) = if c.rank() == 0 { a } else { b };
+            std::thread::spawn(move || {
+                let f = Fuser::new(c, FusionConfig { threshold_bytes, pipeline, ..FusionConfig::default() });
+                let ws: Vec<_> = (0..40).map(|t| f.all_reduce(vec![1i32; 1000 + t], ReduceOp::Sum)).collect();
+                f.flush();
+                ws.into_iter().map(FusedWork::wait).collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn ranks_that_ask_for_different_pieces_agree_on_the_largest() {
+    let big = 1 << 20;
+    for (a, b) in [(Pipeline::Pieces(4 << 10), Pipeline::Off), (Pipeline::Auto, Pipeline::Pieces(20 << 10))] {
+        for results in with_settings((big, a), (big, b)) {
+            for (t, r) in results.into_iter().enumerate() {
+                assert_eq!(r.unwrap(), vec![2; 1000 + t], "{a:?} against {b:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ranks_with_different_bucket_sizes_fail_on_every_rank_without_hanging() {
+    // Same tensors, other cuts: without the bucket size in the fingerprint, the
+    // ranks' calls would differ in size (a mismatch, but not named as the layout).
+    for results in with_settings((1 << 20, Pipeline::Off), (16 << 10, Pipeline::Off)) {
+        for r in results {
+            let e = r.expect_err("different cuts must fail");
+            assert!(e.to_string().contains("layout") && e.to_string().contains("BRAID_FUSION_BYTES"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_leaves_mid_pipeline_fails_every_request_without_hanging() {
+    // Rank 1 plays the fuser's part by hand up to the first piece, then aborts:
+    // rank 0 has later pieces in flight on its worker and must answer them all.
+    let (threshold, piece) = (1 << 20, 8 << 10);
+    let cfg = FusionConfig { threshold_bytes: threshold, pipeline: Pipeline::Pieces(piece), ..FusionConfig::default() };
+    let sizes: Vec<usize> = (0..24).map(|t| 1000 + t).collect();
+    let entries: Vec<Entry> =
+        sizes.iter().map(|&n| Entry { dtype: DType::I32, op: ReduceOp::Sum, bytes: n * 4 }).collect();
+    let entries0 = entries.clone();
+    let mut comms = Communicator::in_process(2).unwrap();
+    let c1 = comms.pop().unwrap();
+    let c0 = comms.pop().unwrap();
+    let leaver = std::thread::spawn(move || {
+        let mut agreed = [entries.len() as i64, -(piece as i64)];
+        c1.all_reduce_in_place(&mut agreed, ReduceOp::Min).unwrap();
+        assert_eq!(agreed, [entries.len() as i64, -(piece as i64)]);
+        let fp = plan::fingerprint_with(&entries, &[threshold as u64]);
+        let mut seen = [fp, -fp];
+        c1.all_reduce_in_place(&mut seen, ReduceOp::Min).unwrap();
+        assert_eq!(seen, [fp, -fp], "the hand-made layout matches the fuser's");
+        let first = plan::buckets(&entries, piece)[0].clone();
+        let mut part = vec![1i32; entries[first].iter().map(|e| e.bytes / 4).sum()];
+        c1.all_reduce_in_place(&mut part, ReduceOp::Sum).unwrap();
+        c1.abort();
+    });
+    let f = Fuser::new(c0, cfg);
+    let ws: Vec<_> = sizes.iter().map(|&n| f.all_reduce(vec![1i32; n], ReduceOp::Sum)).collect();
+    f.flush();
+    let results: Vec<Result<Vec<i32>>> = ws.into_iter().map(FusedWork::wait).collect();
+    leaver.join().unwrap();
+    // The first piece may have finished before the abort (exactly); every later
+    // one failed, and nothing came back wrong.
+    let first = plan::buckets(&entries0, piece)[0].len();
+    assert!(first < results.len(), "the test needs more than one piece");
+    for (t, r) in results.iter().enumerate() {
+        match r {
+            Ok(v) => assert!(t < first && v.iter().all(|&x| x == 2), "tensor {t}: {:?}", &v[..3]),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+    assert!(results[first..].iter().all(Result::is_err));
+    assert!(f.all_reduce(vec![1i32; 3], ReduceOp::Sum).wait().is_err(), "later requests fail too");
+}
+
+#[test]
+fn pipeline_setting_reads_its_forms() {
+    for (v, want) in [
+        ("auto", Pipeline::Auto),
+        ("0", Pipeline::Off),
+        ("off", Pipeline::Off),
+        ("1M", Pipeline::Pieces(1 << 20)),
+        ("4096", Pipeline::Pieces(4096)),
+    ] {
+        let cfg = FusionConfig::from_vars(|k| (k == "BRAID_FUSION_PIPELINE").then(|| v.to_string())).unwrap();
+        assert_eq!(cfg.pipeline, want, "{v}");
+    }
+    let bad = FusionConfig::from_vars(|k| (k == "BRAID_FUSION_PIPELINE").then(|| "soon".to_string())).unwrap_err();
+    assert!(bad.to_string().contains("BRAID_FUSION_PIPELINE"), "{bad}");
+    assert_eq!(FusionConfig::default().pipeline, Pipeline::Auto);
+}
