@@ -284,6 +284,23 @@ pub(crate) fn apply(
     decision
 }
 
+/// Give the calling thread (alone: Linux keeps a niceness per thread) the
+/// niceness `nice`; `0` leaves it as it is. Failure (raising priority without the
+/// privilege to) is logged and harmless: the thread keeps its niceness.
+pub(crate) fn set_thread_nice(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
+    let (tid, set) = unsafe {
+        let tid = libc::gettid();
+        (tid, libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice))
+    };
+    if set != 0 {
+        tracing::debug!(tid, nice, "setting the thread's niceness failed: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// The calling thread's allowed CPUs as a short list (`0`, `0-3`, `0,2`), for reports.
 pub fn describe_affinity() -> String {
     allowed_cpus().map(|cpus| format_cpu_list(&cpus)).unwrap_or_else(|_| "?".into())
@@ -292,6 +309,31 @@ pub fn describe_affinity() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads the calling thread's niceness (getpriority returns it as is on Linux's libc).
+    fn own_nice() -> i32 {
+        // SAFETY: plain integer arguments; errno is cleared first, as getpriority needs.
+        unsafe {
+            *libc::__errno_location() = 0;
+            libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t)
+        }
+    }
+
+    #[test]
+    fn a_thread_lowers_its_own_priority_only() {
+        let before = own_nice();
+        let (inside, after_zero) = std::thread::spawn(move || {
+            set_thread_nice(0);
+            let after_zero = own_nice();
+            set_thread_nice((before + 7).min(19));
+            (own_nice(), after_zero)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(after_zero, before, "0 leaves the niceness alone");
+        assert_eq!(inside, (before + 7).min(19), "the thread took the niceness");
+        assert_eq!(own_nice(), before, "the calling thread kept its own");
+    }
 
     fn machine(packages: usize, cores: usize, threads: usize) -> Vec<CpuInfo> {
         // Linux numbers the first thread of every core first, then the siblings.

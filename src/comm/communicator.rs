@@ -119,6 +119,8 @@ pub struct Communicator {
     comm_id: u32,
     transports: Vec<Option<TransportKind>>,
     worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
+    /// The worker thread's niceness ([`crate::config::Tuning::worker_nice`]).
+    worker_nice: i32,
 }
 
 impl Communicator {
@@ -247,6 +249,7 @@ impl Communicator {
             comm_id,
             transports,
             worker: Mutex::new(None),
+            worker_nice: cfg.tuning.worker_nice,
         }
     }
 
@@ -722,10 +725,11 @@ impl Communicator {
         let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
         if w.is_none() {
             let (jtx, jrx) = mpsc::channel::<Job>();
-            match std::thread::Builder::new()
-                .name(format!("braid-work-{}", self.rank()))
-                .spawn(move || jrx.into_iter().for_each(|job| job()))
-            {
+            let nice = self.worker_nice;
+            match std::thread::Builder::new().name(format!("braid-work-{}", self.rank())).spawn(move || {
+                crate::placement::set_thread_nice(nice);
+                jrx.into_iter().for_each(|job| job())
+            }) {
                 Ok(handle) => *w = Some((jtx, handle)),
                 Err(e) => {
                     // Run in place so the ticket is still consumed.

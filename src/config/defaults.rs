@@ -20,6 +20,15 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// waiting rank about this much CPU (then 2 ms of yielding) before it sleeps.
 pub const DEFAULT_SPIN: Duration = Duration::from_millis(20);
 
+/// Niceness of a communicator's async worker thread (`BRAID_WORKER_NICE`). The
+/// worker moves data behind the caller's back (async calls, overlapped gradient
+/// buckets, pipelined fusion) while the caller computes; where they share cores,
+/// the computing thread is the step's critical path. A synthetic backward pass
+/// over 2 cores overlapped 5-15% better with the worker at 10 than at 0
+/// (results/fusion-2026-11-28.md); a waiting caller sleeps, so a lone worker
+/// still gets a whole core.
+pub const WORKER_NICE: i32 = 10;
+
 /// Smallest default of [`Tuning::stream_recv_bytes`].
 pub const STREAM_RECV_MIN: usize = 4 << 20;
 /// Largest default of [`Tuning::stream_recv_bytes`].
@@ -177,6 +186,9 @@ pub struct Tuning {
     /// A rank with a core of its own polls its links this long after the last
     /// progress before it yields and then sleeps.
     pub spin: Duration,
+    /// Niceness the async worker thread asks for (-20..=19; raising priority needs
+    /// the privilege to, and without it the worker keeps the caller's).
+    pub worker_nice: i32,
     /// Whether shared-memory ring writes (of at least 1 KiB) use non-temporal stores: `Auto`
     /// times both and keeps the faster.
     pub nt_stores: StreamPolicy,
@@ -193,6 +205,7 @@ impl Default for Tuning {
             forward_pass_bytes: FORWARD_PASS_BYTES,
             peer_chunk: PEER_CHUNK,
             spin: DEFAULT_SPIN,
+            worker_nice: WORKER_NICE,
             nt_stores: StreamPolicy::Auto,
         }
     }
@@ -201,7 +214,7 @@ impl Default for Tuning {
 impl Tuning {
     /// The defaults, overridden by `BRAID_RENDEZVOUS_BYTES`, `BRAID_CMA`,
     /// `BRAID_FORWARD_GRAIN`, `BRAID_FORWARD_PASS_BYTES`, `BRAID_PEER_CHUNK` and
-    /// `BRAID_SPIN`;
+    /// `BRAID_SPIN` and `BRAID_WORKER_NICE`;
     /// a malformed value is an error naming the variable.
     pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Tuning> {
         let mut t = Tuning::default();
@@ -225,6 +238,14 @@ impl Tuning {
             if t.spin > Duration::from_secs(10) {
                 return Err(Error::Config(format!("BRAID_SPIN: {v} is above 10 s")));
             }
+        }
+        if let Some(v) = get("BRAID_WORKER_NICE").filter(|v| !v.trim().is_empty()) {
+            t.worker_nice = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| (-20..=19).contains(n))
+                .ok_or_else(|| Error::Config(format!("BRAID_WORKER_NICE: {v:?} is not a niceness in -20..=19")))?;
         }
         if let Some(v) = get("BRAID_NT_STORES") {
             t.nt_stores = v.parse().map_err(|e| Error::Config(format!("BRAID_NT_STORES: {e}")))?;

@@ -119,6 +119,7 @@ pub fn sections() -> Vec<Section> {
             variables: vec![
                 var("BRAID_TIMEOUT", duration(DEFAULT_TIMEOUT), "deadline of every wait: `30`, `500ms`, `5m`; a call that makes no progress for this long fails on every rank, naming whom it waited for"),
                 var("BRAID_SPIN", duration(tuning.spin), "how long a rank with a core of its own polls its links before it yields, then sleeps"),
+                var("BRAID_WORKER_NICE", format!("`{}`", tuning.worker_nice), "niceness of each communicator's async worker thread, which moves data while the caller computes (`0`: the caller's priority)"),
                 var("BRAID_BIND", "`auto`: launched ranks whose affinity nobody narrowed get one core each, round robin when they outnumber the cores", "`core`, `none`: how local ranks are bound to cores"),
             ],
         },

@@ -579,6 +579,7 @@ mod tests {
             ("BRAID_PEER_CHUNK", "256K"),
             ("BRAID_STREAM_RECV_BYTES", "8M"),
             ("BRAID_SPIN", "5ms"),
+            ("BRAID_WORKER_NICE", "-3"),
             ("BRAID_NT_STORES", "off"),
         ])
         .unwrap()
@@ -592,6 +593,7 @@ mod tests {
             forward_pass_bytes: 65536,
             peer_chunk: 262144,
             spin: Duration::from_millis(5),
+            worker_nice: -3,
             nt_stores: StreamPolicy::Off,
         };
         assert_eq!(t, want);
@@ -611,6 +613,8 @@ mod tests {
             ("BRAID_PEER_CHUNK", "2G"),
             ("BRAID_SPIN", "soon"),
             ("BRAID_SPIN", "1h"),
+            ("BRAID_WORKER_NICE", "20"),
+            ("BRAID_WORKER_NICE", "low"),
             ("BRAID_NT_STORES", "sometimes"),
         ] {
             let e = cfg(&[base[0], base[1], (k, v)]).unwrap_err().to_string();
