@@ -15,10 +15,11 @@
 //! whose gradients are written last layer first, each layer after a compute of
 //! calibrated length (a step's compute is about the one-buffer all-reduce time,
 //! measured first): busy on the rank's thread (`_cpu`), or on a device that runs
-//! the layers back to back while the thread sleeps until each is done (`_device`). `backward_compute` is the compute
-//! alone, `backward_comm` the all-reduce of the written gradients alone (buckets of
-//! `BACKWARD_BUCKET`), `backward_overlap` both, each bucket's all-reduce starting as
-//! its last gradient is written ([`braid::fusion::GradientBuffer::all_reduce_as_ready`]).
+//! the layers back to back while the thread sleeps until each is done
+//! (`_device`). `backward_compute` is the compute alone, `backward_comm` the
+//! all-reduce of the written gradients alone (buckets of `BACKWARD_BUCKET`),
+//! `backward_overlap` both, each bucket's all-reduce starting as its last
+//! gradient is written ([`braid::fusion::GradientBuffer::all_reduce_as_ready`]).
 
 mod common;
 
@@ -85,8 +86,9 @@ fn fine_sleeps() {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64) };
 }
 
-/// The compute of layer `index` (counted from the step's first) of a step that began at `step`: on the CPU, busy for the layer's
-/// time; on a device, asleep until the device is done with it. The device runs
+/// The compute of layer `index` (counted from the step's first) of a step that
+/// began at `step`: on the CPU, busy for the layer's time; on a device, asleep
+/// until the device is done with it. The device runs
 /// its layers back to back from the step's start, whatever the thread is doing,
 /// so layer k is done at `step + (k + 1) x time`: a wake-up that comes late
 /// shortens the next sleep instead of delaying every later layer (sleeping for

@@ -310,13 +310,10 @@ pub fn describe_affinity() -> String {
 mod tests {
     use super::*;
 
-    /// Reads the calling thread's niceness (getpriority returns it as is on Linux's libc).
+    /// The calling thread's niceness (glibc's getpriority returns it as is).
     fn own_nice() -> i32 {
-        // SAFETY: plain integer arguments; errno is cleared first, as getpriority needs.
-        unsafe {
-            *libc::__errno_location() = 0;
-            libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t)
-        }
+        // SAFETY: gettid and getpriority take plain integers and touch no memory of ours.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
     }
 
     #[test]

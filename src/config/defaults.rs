@@ -213,7 +213,7 @@ impl Default for Tuning {
 
 impl Tuning {
     /// The defaults, overridden by `BRAID_RENDEZVOUS_BYTES`, `BRAID_CMA`,
-    /// `BRAID_FORWARD_GRAIN`, `BRAID_FORWARD_PASS_BYTES`, `BRAID_PEER_CHUNK` and
+    /// `BRAID_FORWARD_GRAIN`, `BRAID_FORWARD_PASS_BYTES`, `BRAID_PEER_CHUNK`,
     /// `BRAID_SPIN` and `BRAID_WORKER_NICE`;
     /// a malformed value is an error naming the variable.
     pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Tuning> {
