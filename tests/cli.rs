@@ -549,7 +549,8 @@ fn perf_checks_every_collective_over_shared_memory_for_world_sizes_1_to_8() {
 
 /// Long transfers between processes go through the shared ring, except where two
 /// ranks exchange plain data in one round (a 2-rank all-gather): those go
-/// single-copy through `process_vm_readv` by default. `BRAID_CMA=0` keeps every plain
+/// single-copy through `process_vm_readv` with `BRAID_CMA=exchange` (and by default
+/// where timed calls find it faster, see the next test). `BRAID_CMA=0` keeps every plain
 /// transfer in the ring, `BRAID_CMA=1` sends them all single-copy, and registered
 /// buffers (`--registered`) always go single-copy. Each path must give exact results
 /// and must really be taken (the executor traces every single-copy read).
@@ -560,7 +561,7 @@ fn perf_checks_the_single_copy_paths_over_shared_memory() {
     for ranks in [2, 3] {
         for (extra, cma, what) in [
             (None, Some("0"), None),
-            (None, None, Some("exchanges")),
+            (None, Some("exchange"), Some("exchanges")),
             (Some("--registered"), Some("0"), Some("registered segment")),
             (None, Some("1"), Some(CMA)),
         ] {
@@ -598,6 +599,32 @@ fn perf_checks_the_single_copy_paths_over_shared_memory() {
             }
         }
     }
+}
+
+/// By default (`BRAID_CMA=auto`) the exchanges of a 2-rank all-gather are timed
+/// both ways, single-copy and through the ring, so a run of 20 calls takes both:
+/// fewer single-copy reads (the trace names each) than with `BRAID_CMA=exchange`,
+/// where every call reads, but some. Every result is exact either way.
+#[test]
+fn perf_times_exchanges_both_ways_by_default() {
+    let single_copy_reads = |cma: &str| {
+        let out = Command::new(BRAID)
+            .args(["perf", "--op", "all-gather", "--ranks", "2", "--transport", "shm", "--in-place"])
+            .args(["--min-bytes", "1M", "--max-bytes", "1M", "--iters", "20", "--warmup", "1", "--check"])
+            .env("BRAID_DEBUG", "braid::executor=trace")
+            .env("BRAID_CMA", cma)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "BRAID_CMA={cma}: {text}\n{err}");
+        assert!(text.contains("# Out of bounds values : 0 OK"), "BRAID_CMA={cma}: {text}");
+        err.lines().filter(|l| l.contains("single copy through the link (shm)")).count()
+    };
+    let every = single_copy_reads("exchange");
+    let timed = single_copy_reads("");
+    assert!(timed > 0, "no exchange went single-copy under BRAID_CMA=auto");
+    assert!(timed < every, "{timed} single-copy reads, as many as with every exchange single-copy");
 }
 
 #[test]

@@ -473,7 +473,8 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     let kinds = agree_on_rdma(&scoped, &cfg, &topo, kinds, rdma_here)?;
     let wanted = |k: TransportKind| kinds.iter().map(|t| *t == Some(k)).collect::<Vec<bool>>();
     let mut channels: Vec<Option<Box<dyn PeerChannel>>> = (0..cfg.world_size).map(|_| None).collect();
-    let stream_switch = crate::transport::stream_copy::StreamSwitch::default();
+    let stream_switch = crate::transport::stream_copy::TunerSwitch::default();
+    let exchange_switch = crate::transport::stream_copy::TunerSwitch::default();
     for kind in topology::TRANSPORT_PREFERENCE {
         let peers = wanted(kind);
         if !peers.iter().any(|b| *b) {
@@ -488,6 +489,7 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
             local_ranks: topo.local_size,
             local_cpus: topo.local_cpus,
             stream_switch: stream_switch.clone(),
+            exchange_switch: exchange_switch.clone(),
             config: &cfg,
         };
         for (p, c) in transport::connect(kind, &req)?.into_iter().enumerate() {
@@ -504,7 +506,12 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     comm.serve_metrics(&cfg)?;
     comm.core.shared.lock_engine().set_hosts(topo.host_of.clone(), topo.oversubscribed_hosts());
     if kinds.contains(&Some(TransportKind::Shm)) {
-        comm.core.shared.set_stream_tuner(crate::transport::stream_copy::CallTuner::new(stream_switch));
+        let tuner = crate::transport::stream_copy::CallTuner::new(stream_switch);
+        // Channels read the switch only where CMA works between these processes
+        // and `BRAID_CMA=auto`; the tuner times exchanges only in the calls whose
+        // channels read it.
+        let tuner = tuner.with_exchanges(exchange_switch);
+        comm.core.shared.set_stream_tuner(tuner);
     }
     if cfg.tuner_probe {
         install_probed_model(&comm, &cfg, &scoped, &topo.host_of)?;

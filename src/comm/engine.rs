@@ -484,7 +484,8 @@ impl Engine {
             _ => None,
         };
         let r = self.run(sig, &schedule, &mut bufs, (seq, seq));
-        if let (Some(timed), true) = (timed, r.is_ok()) {
+        if let (Some(mut timed), true) = (timed, r.is_ok()) {
+            timed.own_work_done();
             if self.peers_read_everything(CallTuner::drain_allowance(&timed)) {
                 if let Some(t) = &mut self.stream_tuner {
                     t.end(timed);

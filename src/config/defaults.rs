@@ -168,11 +168,19 @@ pub struct Tuning {
     /// `process_vm_readv` (probed at connect time; `BRAID_CMA=0` turns it off).
     pub cma: bool,
     /// With `cma`, plain buffers go single-copy only in exchanges (the default,
-    /// `BRAID_CMA=exchange`; `1` for every transfer): a one-way transfer measured
-    /// faster through the shared ring, whose two copies then run on two cores at
-    /// once (2 ranks, 16 MiB: all-gather 1.9x faster single-copy, broadcast 1.1x
-    /// slower; results/one-host-2026-11-27.md).
+    /// `BRAID_CMA=auto` or `exchange`; `1` for every transfer): a one-way transfer
+    /// measured faster through the shared ring, whose two copies then run on two
+    /// cores at once (2 ranks, 16 MiB: all-gather 1.9x faster single-copy, broadcast
+    /// 1.1x slower; results/one-host-2026-11-27.md).
     pub cma_exchanges_only: bool,
+    /// With `cma_exchanges_only`, whether each exchange's way is timed rather than
+    /// fixed (`BRAID_CMA=auto`, the default): calls are made both ways and the
+    /// faster kept per size class, as for [`Tuning::nt_stores`]. Which way wins
+    /// flips with the machine's state: all-gather single-copy was 1.9x faster at
+    /// 16 MiB one day and 1.3-1.4x slower on another, when `process_vm_readv` ran at
+    /// half its usual rate and the cores shared a cache
+    /// (results/one-host-2026-11-29.md).
+    pub cma_exchanges_timed: bool,
     /// Plain receives at least this long are copied out of shared rings with
     /// non-temporal stores (`BRAID_STREAM_RECV_BYTES`; default a sixteenth of the
     /// last-level cache, between 4 and 64 MiB).
@@ -200,6 +208,7 @@ impl Default for Tuning {
             rendezvous_bytes: RENDEZVOUS_BYTES,
             cma: true,
             cma_exchanges_only: true,
+            cma_exchanges_timed: true,
             stream_recv_bytes: default_stream_recv_bytes(),
             forward_grain: FORWARD_GRAIN,
             forward_pass_bytes: FORWARD_PASS_BYTES,
@@ -250,10 +259,17 @@ impl Tuning {
         if let Some(v) = get("BRAID_NT_STORES") {
             t.nt_stores = v.parse().map_err(|e| Error::Config(format!("BRAID_NT_STORES: {e}")))?;
         }
-        if get("BRAID_CMA").is_some_and(|v| v.trim().eq_ignore_ascii_case("exchange")) {
-            (t.cma, t.cma_exchanges_only) = (true, true);
-        } else if let Some(on) = flag(get, "BRAID_CMA")? {
-            (t.cma, t.cma_exchanges_only) = (on, false);
+        let cma = get("BRAID_CMA").map(|v| v.trim().to_ascii_lowercase());
+        match cma.as_deref() {
+            None | Some("" | "auto") => {}
+            Some("exchange") => (t.cma, t.cma_exchanges_only, t.cma_exchanges_timed) = (true, true, false),
+            Some(v) => {
+                let on = flag(get, "BRAID_CMA")
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| Error::Config(format!("BRAID_CMA=`{v}` is none of auto, exchange, 1 and 0")))?;
+                (t.cma, t.cma_exchanges_only, t.cma_exchanges_timed) = (on, false, false);
+            }
         }
         Ok(t)
     }

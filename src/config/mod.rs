@@ -588,6 +588,7 @@ mod tests {
             rendezvous_bytes: 1 << 20,
             cma: true,
             cma_exchanges_only: false,
+            cma_exchanges_timed: false,
             stream_recv_bytes: 8 << 20,
             forward_grain: 4096,
             forward_pass_bytes: 65536,
@@ -599,13 +600,17 @@ mod tests {
         assert_eq!(t, want);
         let cma = |v: &'static str| {
             let t = cfg(&[base[0], base[1], ("BRAID_CMA", v)]).unwrap().tuning;
-            (t.cma, t.cma_exchanges_only)
+            (t.cma, t.cma_exchanges_only, t.cma_exchanges_timed)
         };
-        // Exchanges by default; `exchange` says so, `0` is off, `1` everywhere.
-        assert_eq!((Tuning::default().cma, Tuning::default().cma_exchanges_only), (true, true));
-        assert_eq!(cma("Exchange"), (true, true));
-        assert_eq!(cma("0"), (false, false));
-        assert_eq!(cma("on"), (true, false));
+        // Exchanges, timed, by default (`auto` says so); `exchange` always in
+        // exchanges, `0` is off, `1` everywhere.
+        let d = Tuning::default();
+        assert_eq!((d.cma, d.cma_exchanges_only, d.cma_exchanges_timed), (true, true, true));
+        assert_eq!(cma("AUTO"), (true, true, true));
+        assert_eq!(cma(""), (true, true, true));
+        assert_eq!(cma("Exchange"), (true, true, false));
+        assert_eq!(cma("0"), (false, false, false));
+        assert_eq!(cma("on"), (true, false, false));
         for (k, v) in [
             ("BRAID_RENDEZVOUS_BYTES", "lots"),
             ("BRAID_CMA", "maybe"),

@@ -19,7 +19,11 @@ pub fn connect(kind: TransportKind, req: &ConnectRequest) -> Result<Vec<Option<B
         let channel = |l: L| {
             // Only a fault plan (a test's) wraps a link, and only the ones it acts on.
             let l = fault::wrap(cfg.fault.as_ref(), req.rank, Box::new(l));
-            Box::new(StreamChannel::with_tuning(l, cfg.tuning)) as Box<dyn PeerChannel>
+            let mut ch = StreamChannel::with_tuning(l, cfg.tuning);
+            if cfg.tuning.cma_exchanges_timed {
+                ch.time_exchanges(&req.exchange_switch);
+            }
+            Box::new(ch) as Box<dyn PeerChannel>
         };
         links.into_iter().map(|l| l.map(channel)).collect()
     }

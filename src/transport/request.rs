@@ -23,7 +23,10 @@ pub struct ConnectRequest<'a> {
     /// CPUs those ranks may use between them (0: unknown; see `Topology::local_cpus`).
     pub local_cpus: usize,
     /// The switch the communicator's tuner sets for its shared-memory ring writers.
-    pub stream_switch: stream_copy::StreamSwitch,
+    pub stream_switch: stream_copy::TunerSwitch,
+    /// The switch it sets for exchanges of plain buffers: single-copy or through
+    /// the ring (`BRAID_CMA=auto`).
+    pub exchange_switch: stream_copy::TunerSwitch,
     /// Timeout, job key, interface filter, ring sizes.
     pub config: &'a Config,
 }

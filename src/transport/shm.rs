@@ -56,7 +56,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::ring::{RingReader, RingWriter};
-pub use super::stream_copy::{StreamPolicy, StreamSwitch};
+pub use super::stream_copy::{StreamPolicy, TunerSwitch};
 use super::{Link, TransportKind};
 use crate::auth::JobKey;
 
@@ -136,7 +136,7 @@ pub struct ShmOptions {
     /// Whether large ring writes use non-temporal stores (`BRAID_NT_STORES`).
     pub stream: StreamPolicy,
     /// Under [`StreamPolicy::Auto`], the communicator's switch the writers follow.
-    pub switch: StreamSwitch,
+    pub switch: TunerSwitch,
     /// The job key both ends of each segment prove (none: the exchange runs with
     /// the empty key and proves nothing).
     pub key: JobKey,
@@ -155,7 +155,7 @@ impl ShmOptions {
             ring_bytes: SHM_RING_BYTES,
             cma: false,
             stream: StreamPolicy::Auto,
-            switch: StreamSwitch::default(),
+            switch: TunerSwitch::default(),
             key: JobKey::none(),
         }
     }

@@ -135,6 +135,10 @@ pub struct StreamChannel {
     out: VecDeque<OutMsg>,
     /// Frames posted to receive, in order.
     inq: VecDeque<InMsg>,
+    /// Under `BRAID_CMA=auto`, the communicator's switch saying whether exchanges
+    /// of plain buffers go single-copy now (its call tuner times both ways);
+    /// `None`: they always do where [`SingleCopy::Exchanges`] allows.
+    exchange_switch: Option<crate::transport::stream_copy::TunerSwitch>,
     /// Whether the send about to be posted is half of an exchange with the peer
     /// ([`PeerChannel::next_send_is_exchange`]).
     exchange: bool,
@@ -158,6 +162,7 @@ impl StreamChannel {
     pub fn with_tuning(link: Box<dyn Link>, tuning: Tuning) -> StreamChannel {
         StreamChannel {
             single_copy: SingleCopy::for_link(link.as_ref(), tuning.cma_exchanges_only),
+            exchange_switch: None,
             exchange: false,
             peek: link.can_peek(),
             forward_grain: if link.can_peek() { tuning.forward_grain } else { usize::MAX },
@@ -180,6 +185,14 @@ impl StreamChannel {
 }
 
 impl StreamChannel {
+    /// Follow `switch` for whether exchanges of plain buffers go single-copy, on a
+    /// link where they can ([`SingleCopy::Exchanges`]); elsewhere nothing changes.
+    pub fn time_exchanges(&mut self, switch: &crate::transport::stream_copy::TunerSwitch) {
+        if self.single_copy == SingleCopy::Exchanges {
+            self.exchange_switch = Some(switch.clone());
+        }
+    }
+
     /// [`require_host`] for this link, which asks the link for its peer and kind
     /// (two dynamic calls) only to word the error: posting runs once per step.
     #[inline]

@@ -19,10 +19,14 @@ pub(super) fn queue_send(
     first_gate: Option<usize>,
     exchange: bool,
 ) {
+    // Under `BRAID_CMA=auto` an exchange long enough to go single-copy asks the
+    // tuner's switch (which so learns that this call has one to choose).
+    let single_exchange =
+        exchange && ch.exchange_switch.as_ref().is_none_or(|s| total >= ch.tuning.rendezvous_bytes && s.consult());
     for (k, (off, len)) in frames(total).enumerate() {
         // SAFETY: off + len <= total, inside a region the caller checked.
         let data = unsafe { base.add(off) };
-        let single = ch.single_copy.applies(data, len, total, ch.tuning.rendezvous_bytes, exchange);
+        let single = ch.single_copy.applies(data, len, total, ch.tuning.rendezvous_bytes, single_exchange);
         if single {
             // SAFETY: [data, data + len) lies in one of this call's buffers, which the
             // caller of `execute` keeps alive until it returns, and `execute` revokes

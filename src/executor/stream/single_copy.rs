@@ -203,6 +203,35 @@ mod tests {
         assert!(!SingleCopy::Never.applies(p, n, n, t, true));
     }
 
+    /// Under `BRAID_CMA=auto` a channel's exchanges follow its tuner's switch: out
+    /// of the sender's memory while it is on, through the ring while it is off. A
+    /// one-way send goes through the ring either way.
+    #[test]
+    fn exchanges_follow_the_tuners_switch() {
+        use crate::frame::FrameKind;
+        use crate::transport::stream_copy::TunerSwitch;
+        let (mut ch, _peer) = shm_pair();
+        assert_eq!(ch.single_copy, SingleCopy::Exchanges);
+        let switch = TunerSwitch::default();
+        ch.time_exchanges(&switch);
+        let buf = vec![7u8; 1 << 20];
+        let call = super::super::tests::call(0, buf.len());
+        for (on, exchange, want) in
+            [(true, true, FrameKind::Rendezvous), (false, true, FrameKind::Data), (true, false, FrameKind::Data)]
+        {
+            switch.set(on);
+            super::super::outbound::queue_send(&mut ch, &call, buf.as_ptr(), buf.len(), None, exchange);
+            assert!(!ch.out.is_empty());
+            assert!(
+                ch.out.iter().all(|m| m.kind == want),
+                "switch {on}, exchange {exchange}: want every frame {want:?}"
+            );
+            ch.out.clear();
+            ch.link.revoke_exposed();
+            ch.exposed = false;
+        }
+    }
+
     const RENDEZVOUS: usize = RENDEZVOUS_BYTES;
 
     /// Pull `len` bytes at `data` of rank 1 as the receive of a rendezvous frame.
