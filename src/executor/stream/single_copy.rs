@@ -232,6 +232,43 @@ mod tests {
         }
     }
 
+    /// Ranks need not choose alike under `BRAID_CMA=auto`: an exchange where one
+    /// side sends single-copy and the other through the ring delivers both ways.
+    #[test]
+    fn an_exchange_half_single_copy_half_through_the_ring_delivers_both_ways() {
+        use crate::executor::channel::{MemKind, MemRegion, PeerChannel};
+        use crate::transport::stream_copy::TunerSwitch;
+        let (ch, l10) = shm_pair();
+        let (mut a, mut b) = (ch, StreamChannel::new(l10));
+        let (on, off) = (TunerSwitch::default(), TunerSwitch::default());
+        on.set(true);
+        a.time_exchanges(&on);
+        b.time_exchanges(&off);
+        let n = 3 * RENDEZVOUS / 4 + 5;
+        let info = super::super::tests::call(0, n);
+        let host = |v: &mut Vec<f32>| MemRegion { ptr: v.as_mut_ptr().cast(), len: v.len() * 4, kind: MemKind::Host };
+        let (mut from_a, mut from_b): (Vec<f32>, Vec<f32>) =
+            ((0..n).map(|i| i as f32).collect(), (0..n).map(|i| -(i as f32)).collect());
+        let (mut into_a, mut into_b) = (vec![0f32; n], vec![0f32; n]);
+        a.post_recv(host(&mut into_a), None, None, &info).unwrap();
+        b.post_recv(host(&mut into_b), None, None, &info).unwrap();
+        a.next_send_is_exchange(true);
+        a.post_send(host(&mut from_a), None, &info).unwrap();
+        b.next_send_is_exchange(true);
+        b.post_send(host(&mut from_b), None, &info).unwrap();
+        assert!(a.exposed && !b.exposed, "rank 0 offers its memory, rank 1 writes to the ring");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while a.busy() || b.busy() {
+            assert!(std::time::Instant::now() < deadline, "the exchange stalled");
+            a.progress(1, &mut [], &info).unwrap();
+            b.progress(0, &mut [], &info).unwrap();
+        }
+        assert_eq!(into_a, from_b);
+        assert_eq!(into_b, from_a);
+        a.end_call();
+        b.end_call();
+    }
+
     const RENDEZVOUS: usize = RENDEZVOUS_BYTES;
 
     /// Pull `len` bytes at `data` of rank 1 as the receive of a rendezvous frame.
