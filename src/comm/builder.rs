@@ -506,11 +506,10 @@ pub(super) fn connect(cfg: Config, store: Arc<dyn Store>, prefix: String, label:
     comm.serve_metrics(&cfg)?;
     comm.core.shared.lock_engine().set_hosts(topo.host_of.clone(), topo.oversubscribed_hosts());
     if kinds.contains(&Some(TransportKind::Shm)) {
-        let tuner = crate::transport::stream_copy::CallTuner::new(stream_switch);
-        // Channels read the switch only where CMA works between these processes
-        // and `BRAID_CMA=auto`; the tuner times exchanges only in the calls whose
-        // channels read it.
-        let tuner = tuner.with_exchanges(exchange_switch);
+        // Channels read the exchange switch only where CMA works between these
+        // processes and `BRAID_CMA=auto`; the tuner times exchanges only in the
+        // calls whose channels read it.
+        let tuner = crate::transport::stream_copy::CallTuner::new(stream_switch).with_exchanges(exchange_switch);
         comm.core.shared.set_stream_tuner(tuner);
     }
     if cfg.tuner_probe {
