@@ -11,6 +11,7 @@ import socket
 import sys
 import tempfile
 from importlib.metadata import entry_points
+from typing import List
 
 import pytest
 
@@ -33,9 +34,19 @@ SCRIPT = "torch_rank_main.py"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> List[int]:
+    """`n` distinct ports free now: all held open together, so none repeats."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -49,14 +60,15 @@ def test_every_method(world: int, store: str) -> None:
 
 def test_entry_point_without_import() -> None:
     """init_process_group("braid") with no `import braid`: the installed package's
-    entry point registers the backend; a second init gets a fresh store prefix."""
+    entry point registers the backend; two groups in turn over one store each get a
+    fresh braid prefix."""
     names = [ep.name for ep in entry_points(group="torch.distributed.backends")]
     if "braid" not in names:
         message = f"the braid package is not installed in {sys.executable} (pip install ./python): no entry point"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    assert_all_ok(run_ranks(2, "entry_point", str(free_port()), timeout=120, script=SCRIPT))
+    assert_all_ok(run_ranks(2, "entry_point", *map(str, free_ports(2)), timeout=120, script=SCRIPT))
 
 
 def test_ddp_matches_gloo() -> None:

@@ -283,23 +283,30 @@ def mismatch(kind: str) -> None:
 
 
 @scenario
-def entry_point(port: str) -> None:
+def entry_point(env_port: str, store_port: str) -> None:
     """`init_process_group("braid")` with no import of braid: torch finds it
-    through the package's `torch.distributed.backends` entry point (env://)."""
+    through the package's `torch.distributed.backends` entry point (env://).
+    Then two groups in turn over one TCPStore that outlives both."""
     assert "braid" not in sys.modules
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(RANK), WORLD_SIZE=str(WORLD))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=env_port, RANK=str(RANK), WORLD_SIZE=str(WORLD))
     dist.init_process_group("braid", timeout=timedelta(seconds=60))
     assert "braid.torch" in sys.modules and dist.get_backend() == "braid"
     t = block(RANK)
     dist.all_reduce(t)
     check("all_reduce", t, sum(block(r) for r in range(WORLD)))
     dist.destroy_process_group()
-    # Re-created with the same store and group name: a fresh braid prefix.
-    dist.init_process_group("braid", timeout=timedelta(seconds=60))
-    t = block(RANK)
-    dist.all_reduce(t)
-    check("all_reduce after re-init", t, sum(block(r) for r in range(WORLD)))
-    dist.destroy_process_group()
+    # Not env:// again on the same port: rank 0's old TCPStore server may still
+    # be closing when rank 1 connects to the new one, and torch fails that
+    # connection. An explicit store held here lives across both groups, so
+    # the second group meets the first one's keys under the same group name
+    # and braid must take a fresh prefix.
+    store = dist.TCPStore("127.0.0.1", int(store_port), WORLD, RANK == 0, timeout=timedelta(seconds=60))
+    for round_ in ("first", "second"):
+        dist.init_process_group("braid", store=store, rank=RANK, world_size=WORLD, timeout=timedelta(seconds=60))
+        t = block(RANK)
+        dist.all_reduce(t)
+        check(f"all_reduce over the held store ({round_} group)", t, sum(block(r) for r in range(WORLD)))
+        dist.destroy_process_group()
     print("ok")
 
 
