@@ -15,8 +15,8 @@
 //! whose gradients are written last layer first, each layer after a compute of
 //! calibrated length (a step's compute is about the one-buffer all-reduce time,
 //! measured first): busy on the rank's thread (`_cpu`), or on a device that runs
-//! the layers back to back while the thread sleeps until each is done
-//! (`_device`). `backward_compute` is the compute alone, `backward_comm` the
+//! the layers back to back while the thread sleeps until each bucket's last layer
+//! is done (`_device`). `backward_compute` is the compute alone, `backward_comm` the
 //! all-reduce of the written gradients alone (buckets of `BACKWARD_BUCKET`),
 //! `backward_overlap` both, each bucket's all-reduce starting as its last
 //! gradient is written ([`braid::fusion::GradientBuffer::all_reduce_as_ready`]).
@@ -86,40 +86,65 @@ fn fine_sleeps() {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64) };
 }
 
-/// The compute of layer `index` (counted from the step's first) of a step that
-/// began at `step`: on the CPU, busy for the layer's time; on a device, asleep
-/// until the device is done with it. The device runs
-/// its layers back to back from the step's start, whatever the thread is doing,
-/// so layer k is done at `step + (k + 1) x time`: a wake-up that comes late
-/// shortens the next sleep instead of delaying every later layer (sleeping for
-/// each layer's time in turn made a step's compute twice the calibrated time,
-/// 4.3 ms for 2.1 ms in process, as the overshoots added up).
-fn compute(layer: Layer, index: usize, step: Instant) {
-    if !layer.on_cpu {
-        let done = step + layer.time * (index as u32 + 1);
-        if let Some(left) = done.checked_duration_since(Instant::now()) {
-            std::thread::sleep(left);
-        }
-        return;
-    }
+/// One layer's compute on the CPU: busy for the layer's time.
+fn compute_on_cpu(layer: Layer) {
     let t = Instant::now();
     while t.elapsed() < layer.time {
         std::hint::spin_loop();
     }
 }
 
+/// Sleeps until a device that began the step at `step` is done with layer
+/// `index` (counted from the step's first). The device runs its layers back to back, whatever the thread is
+/// doing, so layer k is done at `step + (k + 1) x time`: a wake-up that comes
+/// late shortens the next sleep instead of delaying every later layer (sleeping
+/// for each layer's time in turn made a step's compute twice the calibrated
+/// time, 4.3 ms for 2.1 ms in process, as the overshoots added up).
+fn wait_for_device(layer: Layer, index: usize, step: Instant) {
+    let done = step + layer.time * (index as u32 + 1);
+    if let Some(left) = done.checked_duration_since(Instant::now()) {
+        std::thread::sleep(left);
+    }
+}
+
 /// Writes the gradient of tensor `i` (last layer first: tensor 0 is in the last
-/// layer), after its layer's compute when it is the layer's first tensor.
-fn backward_step(i: usize, t: &mut [f32], per_layer: Layer, step: Instant) {
+/// layer). On the CPU the thread computes each layer before its first tensor and
+/// writes the gradient. A device writes the gradients into the bucket itself,
+/// through its own memory; the thread waits only where a bucket ends
+/// (`bucket_end`), until the layer of the bucket's last tensor is done, as one
+/// event per bucket would tell it. Layers finish in order, so the whole bucket is
+/// written then. (Waking for every layer, every 36-45 µs here, took a core from
+/// the workers each time; a 2-rank all-reduce over memory stalls whenever either
+/// worker is off its core: results/fusion-2026-11-28.md.)
+fn backward_step(i: usize, t: &mut [f32], layer: Layer, step: Instant, bucket_end: bool) {
     let per = TENSORS / LAYERS;
-    if i.is_multiple_of(per) {
-        compute(per_layer, i / per, step);
-    }
-    // On the CPU the thread writes the gradient; a device writes it into the
-    // bucket itself, through its own memory, and the thread only learns it is done.
-    if per_layer.on_cpu {
+    if layer.on_cpu {
+        if i.is_multiple_of(per) {
+            compute_on_cpu(layer);
+        }
         t.fill(0.0);
+    } else if bucket_end {
+        wait_for_device(layer, i / per, step);
     }
+}
+
+/// CPU time of this process so far (user and system, every thread).
+fn cpu_time() -> Duration {
+    // SAFETY: rusage is plain integers (all-zero is valid), and getrusage writes
+    // one, which lives on this stack.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Whether tensor i is the last of its bucket.
+fn bucket_ends(grads: &GradientBuffer<f32>) -> Vec<bool> {
+    let n = grads.len();
+    (0..n).map(|i| i + 1 == n || grads.bucket_of(i + 1) != grads.bucket_of(i)).collect()
 }
 
 /// One rank: its communicator (inside a fuser for `Fused`) and its tensors.
@@ -160,18 +185,20 @@ impl Rank {
             if let (Some(grads), Some(comm)) = (&mut self.grads, &self.comm) {
                 match self.mode {
                     Mode::BackwardCompute(d) => {
+                        let ends = bucket_ends(grads);
                         let step = Instant::now();
                         for (i, t) in grads.tensors_mut().into_iter().enumerate() {
-                            backward_step(i, t, d, step);
+                            backward_step(i, t, d, step, ends[i]);
                         }
                     }
                     Mode::BackwardOverlap(d) => {
                         // Auto on the CPU (inline on this 2-core machine); the worker when
                         // a device computes and the core is free.
                         grads.set_overlap(if d.on_cpu { Overlap::Auto } else { Overlap::Worker });
+                        let ends = bucket_ends(grads);
                         let step = Instant::now();
                         grads
-                            .all_reduce_as_ready(comm, ReduceOp::Sum, |i, t| backward_step(i, t, d, step))
+                            .all_reduce_as_ready(comm, ReduceOp::Sum, |i, t| backward_step(i, t, d, step, ends[i]))
                             .expect("overlap")
                     }
                     _ => grads.all_reduce(comm, ReduceOp::Sum).expect("bucket views"),
@@ -236,15 +263,21 @@ fn bench(c: &mut Criterion) {
         };
         // The backward pass's compute per step: the one-buffer all-reduce's time
         // (median of 9 after a warm-up), spread over the layers.
-        let per_layer = {
+        let (per_layer, cores_busy) = {
             let mut pair = Pair::new(group(), Mode::OneBuffer);
             pair.time(3);
+            let (cpu0, wall) = (cpu_time(), Instant::now());
             let mut t: Vec<Duration> = (0..9).map(|_| pair.time(1)).collect();
+            let cores_busy = (cpu_time() - cpu0).as_secs_f64() / wall.elapsed().as_secs_f64();
             t.sort_unstable();
-            t[4] / LAYERS as u32
+            (t[4] / LAYERS as u32, cores_busy)
         };
+        // How many cores the all-reduce alone keeps busy: near the machine's core
+        // count, compute on those cores cannot overlap it, and a step with compute
+        // on the CPU takes at least compute + communication.
         eprintln!(
-            "fusion bench: {name}: backward compute {per_layer:?} per layer, {:?} per step",
+            "fusion bench: {name}: backward compute {per_layer:?} per layer, {:?} per step; \
+             the one-buffer all-reduce kept {cores_busy:.2} cores busy",
             per_layer * LAYERS as u32
         );
         let mut g = c.benchmark_group(format!("fusion_1000_tensors_{name}_{WORLD}ranks"));

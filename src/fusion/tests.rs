@@ -157,6 +157,43 @@ fn requests_left_at_drop_complete_and_the_communicator_comes_back() {
 }
 
 #[test]
+fn a_full_bucket_runs_without_a_flush_or_the_cycle() {
+    // An hour's cycle and no flush: only filling the bucket makes a batch due.
+    // The fuser's thread sleeps between requests and is woken by the submission
+    // that fills the bucket, whether it came first, in the middle or last.
+    let cfg = FusionConfig { threshold_bytes: 8 << 10, cycle: Duration::from_secs(3600), ..FusionConfig::default() };
+    let out = on_ranks(2, cfg, |rank, f| {
+        let mut results = Vec::new();
+        // Element counts of i32 tensors per batch: 9 KiB at once; then 4, 2 and
+        // 3 KiB; then many small ones up to the bucket.
+        for batch in [vec![2304], vec![1024, 512, 768], vec![64; 32]] {
+            let works: Vec<FusedWork<i32>> = batch
+                .iter()
+                .map(|&n| {
+                    // Time for the fuser's thread to take the request and sleep again.
+                    std::thread::sleep(Duration::from_millis(5));
+                    f.all_reduce(vec![rank as i32 + 1; n], ReduceOp::Sum)
+                })
+                .collect();
+            for mut w in works {
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                while !w.test() {
+                    assert!(std::time::Instant::now() < deadline, "rank {rank}: a full bucket did not run");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                results.push(w.wait().unwrap());
+            }
+        }
+        results
+    });
+    for results in out {
+        let lens: Vec<usize> = results.iter().map(Vec::len).collect();
+        assert_eq!(lens, [vec![2304], vec![1024, 512, 768], vec![64; 32]].concat());
+        assert!(results.iter().all(|r| r.iter().all(|&x| x == 3)));
+    }
+}
+
+#[test]
 fn into_communicator_finishes_requests_first() {
     let comms = Communicator::in_process(2).unwrap();
     let threads: Vec<_> = comms
