@@ -17,7 +17,8 @@
 //! measured first): busy on the rank's thread (`_cpu`), or on a device that runs
 //! the layers back to back while the thread sleeps until each bucket's last layer
 //! is done (`_device`). `backward_compute` is the compute alone, `backward_comm` the
-//! all-reduce of the written gradients alone (buckets of `BACKWARD_BUCKET`),
+//! all-reduce of the written gradients alone (buckets of `BACKWARD_BUCKET`, the
+//! first one smaller),
 //! `backward_overlap` both, each bucket's all-reduce starting as its last
 //! gradient is written ([`braid::fusion::GradientBuffer::all_reduce_as_ready`]).
 
@@ -39,6 +40,16 @@ const LAYERS: usize = 50;
 /// Bucket size of the backward pass: small enough that buckets leave while later
 /// layers compute (15.1 MB in about 8 buckets).
 const BACKWARD_BUCKET: usize = 2 << 20;
+/// The backward pass's first bucket: communication starts once it is written,
+/// and with compute as long as communication that wait is added to the step (a
+/// 2 MiB first bucket: 1/8 of a step), hence a small one, as PyTorch DDP's.
+/// `FUSION_BENCH_FIRST_BUCKET_KIB` overrides it.
+fn backward_first_bucket() -> usize {
+    std::env::var("FUSION_BENCH_FIRST_BUCKET_KIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(512 << 10, |k| k << 10)
+}
 /// Piece size of `fused_pipelined` (`BRAID_FUSION_PIPELINE` overrides it).
 const PIPELINE_BYTES: usize = 256 << 10;
 
@@ -174,7 +185,8 @@ impl Rank {
             }
             Mode::BucketViews => (Some(comm), None, Vec::new(), views(FusionConfig::default().threshold_bytes)),
             Mode::BackwardCompute(_) | Mode::BackwardComm | Mode::BackwardOverlap(_) => {
-                (Some(comm), None, Vec::new(), views(BACKWARD_BUCKET))
+                let layout = GradientBuffer::with_first_bucket(&lens, backward_first_bucket(), BACKWARD_BUCKET);
+                (Some(comm), None, Vec::new(), Some(layout))
             }
         };
         Rank { mode, comm, fuser, tensors, grads }

@@ -77,10 +77,31 @@ impl<T: Element> GradientBuffer<T> {
     /// most `bucket_bytes` (a larger tensor has a bucket of its own; 0 gives every
     /// tensor its own bucket).
     pub fn new(lens: &[usize], bucket_bytes: usize) -> GradientBuffer<T> {
-        let size = T::DTYPE.size();
-        let entries: Vec<Entry> =
-            lens.iter().map(|&n| Entry { dtype: T::DTYPE, op: ReduceOp::Sum, bytes: n.saturating_mul(size) }).collect();
+        let entries = Self::entries(lens);
         let members = plan::buckets(&entries, bucket_bytes);
+        Self::laid_out(lens, &entries, members)
+    }
+
+    /// As [`GradientBuffer::new`], but the first bucket holds at most
+    /// `first_bucket_bytes` (PyTorch DDP's small first bucket). In a backward pass
+    /// the first bucket's all-reduce cannot start before its last gradient is
+    /// written, and everything after it waits its turn: with 8 equal buckets and
+    /// compute as long as communication, that start alone costs 1/8 of a step.
+    pub fn with_first_bucket(lens: &[usize], first_bucket_bytes: usize, bucket_bytes: usize) -> GradientBuffer<T> {
+        let entries = Self::entries(lens);
+        let first = plan::buckets(&entries, first_bucket_bytes).first().map_or(0, |r| r.end);
+        let rest = plan::buckets(&entries[first..], bucket_bytes).into_iter().map(|r| r.start + first..r.end + first);
+        let members: Vec<Range<usize>> = std::iter::once(0..first).chain(rest).filter(|r| !r.is_empty()).collect();
+        Self::laid_out(lens, &entries, members)
+    }
+
+    fn entries(lens: &[usize]) -> Vec<Entry> {
+        let size = T::DTYPE.size();
+        lens.iter().map(|&n| Entry { dtype: T::DTYPE, op: ReduceOp::Sum, bytes: n.saturating_mul(size) }).collect()
+    }
+
+    /// Tensors of `lens` (described by `entries`) in the buckets `members`.
+    fn laid_out(lens: &[usize], entries: &[Entry], members: Vec<Range<usize>>) -> GradientBuffer<T> {
         let mut places = Vec::with_capacity(lens.len());
         let mut buckets = Vec::with_capacity(members.len());
         for (b, range) in members.iter().enumerate() {

@@ -116,3 +116,45 @@ fn a_different_layout_is_refused_on_every_rank() {
         }
     }
 }
+
+#[test]
+fn a_small_first_bucket_is_cut_first_and_the_rest_as_before() {
+    // 8-byte elements: the first bucket takes [3, 0] (24 B; 17 would pass 32 B),
+    // then 64-byte buckets from tensor 2 on, as `new` cuts them: [17], [1], [40], [9], [2].
+    let g = GradientBuffer::<i64>::with_first_bucket(&LENS, 32, 64);
+    let buckets: Vec<usize> = (0..LENS.len()).map(|i| g.bucket_of(i)).collect();
+    assert_eq!(buckets, vec![0, 0, 1, 2, 3, 4, 5]);
+    // A first bucket smaller than the first tensor holds that tensor alone; the
+    // rest fill 1 MiB buckets.
+    let g = GradientBuffer::<i64>::with_first_bucket(&LENS, 8, 1 << 20);
+    let buckets: Vec<usize> = (0..LENS.len()).map(|i| g.bucket_of(i)).collect();
+    assert_eq!(buckets, vec![0, 1, 1, 1, 1, 1, 1]);
+    assert!(GradientBuffer::<f32>::with_first_bucket(&[], 8, 64).is_empty());
+    // Every rank sums in place with the small first bucket, as ready.
+    let seen = on_ranks(3, |comm| {
+        let r = comm.rank();
+        let mut g = GradientBuffer::<i64>::with_first_bucket(&LENS, 8, 1 << 20);
+        g.set_overlap(Overlap::Worker);
+        g.all_reduce_as_ready(comm, ReduceOp::Sum, |i, t| {
+            t.iter_mut().enumerate().for_each(|(j, x)| *x = value(r, i, j))
+        })
+        .unwrap();
+        (0..LENS.len()).map(|i| g.tensor(i).to_vec()).collect::<Vec<_>>()
+    });
+    for tensors in seen {
+        for (i, t) in tensors.iter().enumerate() {
+            let want: Vec<i64> = (0..LENS[i]).map(|j| (0..3).map(|r| value(r, i, j)).sum()).collect();
+            assert_eq!(t, &want, "tensor {i}");
+        }
+    }
+    // A rank with another first bucket is refused, not mixed.
+    let seen = on_ranks(2, |comm| {
+        let first = if comm.rank() == 1 { 8 } else { 32 };
+        let mut g = GradientBuffer::<f32>::with_first_bucket(&LENS, first, 1 << 20);
+        g.all_reduce(comm, ReduceOp::Sum).map_err(|e| e.to_string())
+    });
+    for (rank, r) in seen.into_iter().enumerate() {
+        let e = r.unwrap_err();
+        assert!(e.contains(&format!("rank {rank}")) && e.contains("layout"), "{e}");
+    }
+}
