@@ -430,7 +430,15 @@ fn a_peer_that_leaves_mid_pipeline_fails_every_request_without_hanging() {
     // Rank 1 plays the fuser's part by hand up to the first piece, then aborts:
     // rank 0 has later pieces in flight on its worker and must answer them all.
     let (threshold, piece) = (1 << 20, 8 << 10);
-    let cfg = FusionConfig { threshold_bytes: threshold, pipeline: Pipeline::Pieces(piece), ..FusionConfig::default() };
+    // An hour's cycle: only the flush negotiates, so the batch holds all 24 requests
+    // however slowly they are submitted (with the default 1 ms a loaded machine cut
+    // it after 20, and the leaver's hand-made layout no longer matched).
+    let cfg = FusionConfig {
+        threshold_bytes: threshold,
+        cycle: Duration::from_secs(3600),
+        pipeline: Pipeline::Pieces(piece),
+        ..FusionConfig::default()
+    };
     let sizes: Vec<usize> = (0..24).map(|t| 1000 + t).collect();
     let entries: Vec<Entry> =
         sizes.iter().map(|&n| Entry { dtype: DType::I32, op: ReduceOp::Sum, bytes: n * 4 }).collect();
