@@ -17,10 +17,15 @@
 //! measured first): busy on the rank's thread (`_cpu`), or on a device that runs
 //! the layers back to back while the thread sleeps until each bucket's last layer
 //! is done (`_device`). `backward_compute` is the compute alone, `backward_comm` the
-//! all-reduce of the written gradients alone (buckets of `BACKWARD_BUCKET`, the
+//! all-reduce of the written gradients alone (buckets of `backward_bucket()`, the
 //! first one smaller),
 //! `backward_overlap` both, each bucket's all-reduce starting as its last
 //! gradient is written ([`braid::fusion::GradientBuffer::all_reduce_as_ready`]).
+//! After each transport's group (when the run is not filtered, or its filter
+//! names `backward`), `backward_interleaved` times the device's compute, the
+//! communication and both in turn, round after round, and prints the ratio
+//! overlapped / max(compute, comm): criterion's separate minutes let the
+//! machine's drift into that ratio. `--noplot backward_interleaved` runs only it.
 
 mod common;
 
@@ -38,17 +43,22 @@ const TENSORS: usize = 1000;
 /// Layers of the synthetic backward pass (tensors per layer: TENSORS / LAYERS).
 const LAYERS: usize = 50;
 /// Bucket size of the backward pass: small enough that buckets leave while later
-/// layers compute (15.1 MB in about 8 buckets).
-const BACKWARD_BUCKET: usize = 2 << 20;
+/// layers compute (15.1 MB in 15 buckets) and the last bucket's all-reduce, which
+/// no compute hides, is short. 1 MiB measured below 2 MiB's 1.16-1.24 on this
+/// machine (results/fusion-2026-11-29.md). `FUSION_BENCH_BUCKET_KIB` overrides it.
+fn backward_bucket() -> usize {
+    kib_from_env("FUSION_BENCH_BUCKET_KIB").unwrap_or(1 << 20)
+}
 /// The backward pass's first bucket: communication starts once it is written,
 /// and with compute as long as communication that wait is added to the step (a
 /// 2 MiB first bucket: 1/8 of a step), hence a small one, as PyTorch DDP's.
 /// `FUSION_BENCH_FIRST_BUCKET_KIB` overrides it.
 fn backward_first_bucket() -> usize {
-    std::env::var("FUSION_BENCH_FIRST_BUCKET_KIB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(512 << 10, |k| k << 10)
+    kib_from_env("FUSION_BENCH_FIRST_BUCKET_KIB").unwrap_or(256 << 10)
+}
+/// A size in KiB from the environment, in bytes.
+fn kib_from_env(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok()).map(|k| k << 10)
 }
 /// Piece size of `fused_pipelined` (`BRAID_FUSION_PIPELINE` overrides it).
 const PIPELINE_BYTES: usize = 256 << 10;
@@ -185,7 +195,7 @@ impl Rank {
             }
             Mode::BucketViews => (Some(comm), None, Vec::new(), views(FusionConfig::default().threshold_bytes)),
             Mode::BackwardCompute(_) | Mode::BackwardComm | Mode::BackwardOverlap(_) => {
-                let layout = GradientBuffer::with_first_bucket(&lens, backward_first_bucket(), BACKWARD_BUCKET);
+                let layout = GradientBuffer::with_first_bucket(&lens, backward_first_bucket(), backward_bucket());
                 (Some(comm), None, Vec::new(), Some(layout))
             }
         };
@@ -232,20 +242,23 @@ impl Rank {
 /// Rank 0 runs in criterion's loop; the other ranks follow over channels.
 struct Pair {
     rank0: Rank,
-    follower: mpsc::Sender<u64>,
+    /// Iterations to run, and the mode to run them in (the same but for a
+    /// layer's compute time, see [`backward_interleaved`]).
+    follower: mpsc::Sender<(u64, Mode)>,
     done: mpsc::Receiver<()>,
 }
 
 impl Pair {
     fn new(mut comms: Vec<Communicator>, mode: Mode) -> Pair {
         fine_sleeps();
-        let (tx, rx) = mpsc::channel::<u64>();
+        let (tx, rx) = mpsc::channel::<(u64, Mode)>();
         let (done_tx, done) = mpsc::channel();
         let c1 = comms.pop().expect("rank 1");
         std::thread::spawn(move || {
             fine_sleeps();
             let mut me = Rank::new(c1, mode);
-            for iters in rx {
+            for (iters, mode) in rx {
+                me.mode = mode;
                 me.iterate(iters);
                 let _ = done_tx.send(());
             }
@@ -255,7 +268,7 @@ impl Pair {
 
     fn time(&mut self, iters: u64) -> Duration {
         let t = Instant::now();
-        self.follower.send(iters).expect("follower");
+        self.follower.send((iters, self.rank0.mode)).expect("follower");
         self.rank0.iterate(iters);
         self.done.recv().expect("follower done");
         t.elapsed()
@@ -313,7 +326,71 @@ fn bench(c: &mut Criterion) {
             g.bench_function(label, |b| b.iter_custom(|iters| pair.time(iters)));
         }
         g.finish();
+        if interleaved_wanted() {
+            backward_interleaved(name, &group, device);
+        }
     }
+}
+
+/// Rounds of [`backward_interleaved`].
+const INTERLEAVED_ROUNDS: usize = 15;
+/// Steps each mode runs per round.
+const INTERLEAVED_STEPS: u64 = 20;
+
+/// Whether this run asks for the backward pass (no filter, or one naming it).
+fn interleaved_wanted() -> bool {
+    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    filters.is_empty() || filters.iter().any(|f| f.contains("backward"))
+}
+
+/// Item 2's ratio measured so that the machine's drift cancels: criterion times
+/// compute, communication and both in separate minutes, and on this shared
+/// machine their ratio moved by 40% between them (results/fusion-2026-11-29.md).
+/// Here each round times the three back to back (in a rotating order) over the
+/// same steps, and the ratio overlapped / max(compute, comm) is taken per round.
+/// The compute of a step is kept at the communication's time, the case the issue
+/// sets and the hardest to hide: the median of the rounds' comm times so far
+/// (first the calibration's `device` layer).
+fn backward_interleaved(name: &str, group: &dyn Fn() -> Vec<Communicator>, device: Layer) {
+    let mut pairs = [
+        Pair::new(group(), Mode::BackwardCompute(device)),
+        Pair::new(group(), Mode::BackwardComm),
+        Pair::new(group(), Mode::BackwardOverlap(device)),
+    ];
+    for p in &mut pairs {
+        p.time(2);
+    }
+    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / INTERLEAVED_STEPS as f64;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut rounds: Vec<[f64; 3]> = Vec::with_capacity(INTERLEAVED_ROUNDS);
+    for r in 0..INTERLEAVED_ROUNDS {
+        if !rounds.is_empty() {
+            let comm_ms = median(rounds.iter().map(|x| x[1]).collect());
+            let layer = Layer { time: Duration::from_secs_f64(comm_ms / 1e3 / LAYERS as f64), on_cpu: false };
+            pairs[0].rank0.mode = Mode::BackwardCompute(layer);
+            pairs[2].rank0.mode = Mode::BackwardOverlap(layer);
+        }
+        let mut ms = [0.0; 3];
+        for k in 0..3 {
+            let m = (r + k) % 3;
+            ms[m] = per_step(pairs[m].time(INTERLEAVED_STEPS));
+        }
+        rounds.push(ms);
+    }
+    let ratios: Vec<f64> = rounds.iter().map(|[c, k, o]| o / c.max(*k)).collect();
+    let (lo, hi) = ratios.iter().fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    eprintln!(
+        "fusion bench: {name}: backward interleaved, {INTERLEAVED_ROUNDS} rounds of {INTERLEAVED_STEPS} steps: \
+         compute {:.3} ms, comm {:.3} ms, overlapped {:.3} ms (medians); overlapped / max(compute, comm) \
+         median {:.3} (per round {lo:.3}-{hi:.3})",
+        median(rounds.iter().map(|r| r[0]).collect()),
+        median(rounds.iter().map(|r| r[1]).collect()),
+        median(rounds.iter().map(|r| r[2]).collect()),
+        median(ratios),
+    );
 }
 
 criterion_group!(benches, bench);
