@@ -201,6 +201,7 @@ impl Engine {
             output,
             output_len,
             scratch: std::mem::take(&mut self.scratch),
+            scratch_offset: 0,
             kind: MemKind::Host,
             device: None,
             device_scratch: None,

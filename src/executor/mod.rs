@@ -77,6 +77,9 @@ pub struct Buffers {
     pub output_len: usize,
     /// Executor scratch (host memory); resized to the schedule's need.
     pub scratch: Vec<u8>,
+    /// Where this call's host scratch starts inside `scratch` (set by
+    /// [`execute`], see [`alias_free_offset`]; callers pass 0).
+    pub scratch_offset: usize,
     /// Where input and output live.
     pub kind: MemKind,
     /// The device of a call on device buffers (`kind` is then [`MemKind::Device`]
@@ -134,14 +137,9 @@ impl Buffers {
                 (Some(_), Some(d)) => (d.ptr() as usize as *mut u8, d.len()),
                 (Some(_), None) => (std::ptr::null_mut(), 0),
                 (None, _) => {
-                    let (base, len) = (self.scratch.as_mut_ptr(), self.scratch.len());
-                    let off = if len >= SCRATCH_SLACK {
-                        alias_free_offset(base as usize, &[self.input as usize, self.output as usize])
-                    } else {
-                        0
-                    };
-                    // SAFETY: off < SCRATCH_SLACK <= len: inside the scratch vector.
-                    (unsafe { base.add(off) }, len - off)
+                    let off = self.scratch_offset.min(self.scratch.len());
+                    // SAFETY: off <= len: inside the scratch vector (or one past its end).
+                    (unsafe { self.scratch.as_mut_ptr().add(off) }, self.scratch.len() - off)
                 }
             },
         };
@@ -189,6 +187,12 @@ pub unsafe fn execute(
         if bufs.scratch.len() < need {
             bufs.scratch.resize(need, 0);
         }
+        // Once per call, not per region: the pointers do not move during it.
+        bufs.scratch_offset = if need > 0 {
+            alias_free_offset(bufs.scratch.as_ptr() as usize, &[bufs.input as usize, bufs.output as usize])
+        } else {
+            0
+        };
         let end = CallEnd { channels };
         return run_rounds(schedule, end.channels, queues, bufs, call);
     };
