@@ -6,6 +6,7 @@ use super::turn::Shared;
 use crate::algorithm::PlanRequest;
 use crate::device::{Device, DeviceBuffer, DevicePtr};
 use crate::error::{Error, Result};
+use crate::executor::segments::Segments;
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
 /// What sync calls and async jobs share: identity, ticketing and the engine.
@@ -164,6 +165,31 @@ impl Core {
                 e.in_place_copy = c;
             }
             r
+        })
+    }
+
+    /// An in-place all-reduce at `ticket` of `parts` taken as one buffer laid end
+    /// to end (each part a whole number of `dtype`).
+    pub(super) fn all_reduce_parts_at(
+        &self,
+        ticket: u64,
+        (dtype, op): (DType, ReduceOp),
+        parts: &mut [&mut [u8]],
+    ) -> Result<()> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let sig = CallSig::new(OpKind::AllReduce, dtype, (total / dtype.size()) as u64, 0, op);
+        let odd = parts.iter().position(|p| p.len() % dtype.size() != 0);
+        self.shared.in_turn(ticket, Some(sig), |e| {
+            if let Some(k) = odd {
+                return Err(self.arg(format!(
+                    "{sig}: part {k} of {} has {} bytes, not a whole number of {dtype}",
+                    parts.len(),
+                    parts[k].len()
+                )));
+            }
+            // The same checks as a call on one buffer of the total length.
+            self.prepare(sig, None, (std::ptr::null_mut(), total))?;
+            e.all_reduce_segments(sig, Segments::new(parts))
         })
     }
 

@@ -452,6 +452,16 @@ impl Communicator {
         self.core.collective_at(self.core.shared.take_ticket(), sig, input, output)
     }
 
+    /// One in-place all-reduce of `parts` (bytes of `dtype`) taken as a single
+    /// buffer laid end to end: every rank passes parts of the same lengths in the
+    /// same order. Where the chosen algorithm allows it (ring, direct, doubling,
+    /// halving-doubling) the data moves straight between the parts, with no packing
+    /// into one buffer; otherwise they are packed and unpacked around the call.
+    /// This is how the fuser all-reduces a bucket of separately allocated tensors.
+    pub fn all_reduce_parts(&self, parts: &mut [&mut [u8]], dtype: DType, op: ReduceOp) -> Result<()> {
+        self.core.all_reduce_parts_at(self.core.shared.take_ticket(), (dtype, op), parts)
+    }
+
     /// Send `buf` (bytes of `dtype`) to `peer`; matched by that peer's `recv_bytes`.
     pub fn send_bytes(&self, buf: &[u8], dtype: DType, peer: usize) -> Result<()> {
         let t = self.core.shared.take_ticket();

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use crate::algorithm::{self, Algorithm, BufId, PlanRequest, Region, Round, Schedule, Step};
 use crate::device::{Device, DeviceBuffer, DevicePtr, PeerProcess};
 use crate::error::{Error, OpContext, Result};
+use crate::executor::segments::{self, Segments};
 use crate::executor::{self, Buffers, CallInfo, MemKind, PeerChannel, WaitPolicy};
 use crate::frame::FrameKind;
 use crate::recorder::FlightRecorder;
 use crate::reduce;
-use crate::transport::stream_copy::CallTuner;
+use crate::transport::stream_copy::{self, CallTuner};
 use crate::tuner::{AlgoPolicy, Call, LinkClass, LinkPair, Tuner};
 use crate::types::{CallSig, DType, OpKind, ReduceOp};
 
@@ -330,16 +331,10 @@ impl Engine {
                     return finalize_on_device(dev.as_ref(), sig, schedule, bufs, self.world);
                 }
                 for r in &schedule.finalize {
-                    let (base, len) = match r.buf {
-                        BufId::Output => (bufs.output, bufs.output_len),
-                        BufId::Input => (bufs.input as *mut u8, bufs.input_len),
-                        BufId::Scratch => (bufs.scratch.as_mut_ptr(), bufs.scratch.len()),
-                    };
-                    if r.end() > len {
-                        return Err(Error::InvalidArgument(format!("finalize region {r:?} out of bounds")));
-                    }
+                    // Bounds-checked there (and mapped onto the parts of a segmented call).
+                    let base = bufs.ptr(r)?;
                     // SAFETY: in-bounds region of a live buffer; no other view is alive.
-                    let s = unsafe { std::slice::from_raw_parts_mut(base.add(r.offset), r.len) };
+                    let s = unsafe { std::slice::from_raw_parts_mut(base, r.len) };
                     reduce::finalize(sig.dtype, sig.reduce_op, s, self.world)?;
                 }
             }
@@ -440,6 +435,7 @@ impl Engine {
             device: None,
             device_scratch: None,
             peer_copy: None,
+            segments: None,
         };
         self.run(sig, &exchange, &mut nothing, (seq, seq))
     }
@@ -449,9 +445,50 @@ impl Engine {
     pub(super) fn collective(
         &mut self,
         sig: CallSig,
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+        device: Option<&Arc<dyn Device>>,
+    ) -> Result<()> {
+        self.collective_on(sig, input, output, device, None)
+    }
+
+    /// An in-place all-reduce (`sig`, of `segs.total()` bytes) of the parts `segs`
+    /// as one buffer: on the parts themselves where the schedule allows it (see
+    /// [`segments`]), else packed into a buffer the engine keeps and unpacked after.
+    pub(super) fn all_reduce_segments(&mut self, sig: CallSig, segs: Segments) -> Result<()> {
+        let schedule = self.schedule(&sig, self.agrees(&sig), self.pricing(None))?;
+        // Across hosts the parts' many short frames cost a send each on the
+        // sockets, about what packing costs (1,000 tensors of 1-64 KiB over TCP:
+        // 21.5 ms on the parts, 20.6 packed); within a host they go through memory
+        // (shm: 6-7 ms on the parts, 12 packed; results/fusion-2026-11-29.md). The
+        // hosts are agreed, so every rank chooses alike.
+        let one_host = self.hosts.iter().all(|&h| h == self.hosts[0]);
+        if one_host && segments::runs_on_segments(schedule.algorithm, self.world) {
+            let cut = segments::split_schedule(&schedule, &segs);
+            let (base, len) = (segs.locate(0, 0).unwrap_or(std::ptr::null_mut()), segs.total());
+            return self.collective_on(sig, (base, len), (base, len), None, Some((cut, segs)));
+        }
+        let mut packed = std::mem::take(&mut self.in_place_copy);
+        packed.clear();
+        segs.gather_into(&mut packed);
+        let len = packed.len();
+        let r = self.collective(sig, (packed.as_ptr(), len), (packed.as_mut_ptr(), len), None);
+        if r.is_ok() {
+            segs.scatter_from(&packed);
+        }
+        self.in_place_copy = packed;
+        r
+    }
+
+    /// [`collective`](Self::collective), or with `cut` the schedule (already cut
+    /// at the parts' boundaries) of a call on the parts `segs`.
+    fn collective_on(
+        &mut self,
+        sig: CallSig,
         (input, input_len): (*const u8, usize),
         (output, output_len): (*mut u8, usize),
         device: Option<&Arc<dyn Device>>,
+        cut: Option<(Schedule, Segments)>,
     ) -> Result<()> {
         // Checked before the call takes a sequence number, as argument errors are.
         let peer_copy = self.peer_copy_for(device)?;
@@ -460,7 +497,11 @@ impl Engine {
         // Rooted calls agree on their signature: on host buffers in the data's own
         // rounds, on device buffers (whose channels move device memory) before them.
         let check = self.agrees(&sig);
-        let schedule = self.schedule(&sig, check && device.is_none(), self.pricing(peer_copy.as_deref()))?;
+        let planned = self.schedule(&sig, check && device.is_none(), self.pricing(peer_copy.as_deref()))?;
+        let (schedule, segments) = match cut {
+            Some((s, segs)) => (Arc::new(s), Some(segs)),
+            None => (planned, None),
+        };
         let sig = sig.with_algorithm(schedule.algorithm).reproducible(self.tuner.params.deterministic);
         if check && device.is_some() {
             self.agree_on_call(sig, seq)?;
@@ -476,12 +517,19 @@ impl Engine {
             device: device.cloned(),
             device_scratch: if device.is_some() { self.device_scratch.take() } else { None },
             peer_copy,
+            segments,
         };
         // Host buffers over shared memory: time large calls for the ring writers'
         // choice of stores (device buffers are staged by other code).
         let timed = match (&mut self.stream_tuner, device) {
             (Some(t), None) => {
-                t.begin((sig.count as usize).saturating_mul(sig.dtype.size()), schedule.algorithm.code() as usize)
+                // A call on parts is timed apart: its many short transfers move
+                // memory unlike the same algorithm on one buffer.
+                let pattern = match bufs.segments {
+                    Some(_) => stream_copy::PARTS_PATTERN,
+                    None => schedule.algorithm.code() as usize,
+                };
+                t.begin((sig.count as usize).saturating_mul(sig.dtype.size()), pattern)
             }
             _ => None,
         };
@@ -560,6 +608,7 @@ impl Engine {
             device: device.cloned(),
             device_scratch: None,
             peer_copy,
+            segments: None,
         };
         let r = self.run(sig, &schedule, &mut bufs, seqs);
         settle(r, &bufs)

@@ -39,6 +39,8 @@ mod grow;
 mod origin;
 mod p2p_group;
 mod panic_note;
+#[cfg(test)]
+mod parts_tests;
 mod rooted_raw;
 mod shrink;
 mod split;

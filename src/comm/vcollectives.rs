@@ -206,6 +206,7 @@ impl Engine {
             device: None,
             device_scratch: None,
             peer_copy: None,
+            segments: None,
         };
         let r = self.run(sig, &schedule, &mut bufs, (seq, seq));
         self.scratch = std::mem::take(&mut bufs.scratch);

@@ -42,6 +42,7 @@ mod call_maps;
 pub mod channel;
 pub mod group;
 pub mod peer_copy;
+pub mod segments;
 pub mod staged;
 pub mod stream;
 pub mod wait_chain;
@@ -96,6 +97,11 @@ pub struct Buffers {
     /// the communicator established it (only a peer of this process may name
     /// addresses of it). None: stage everything.
     pub peer_copy: Option<Arc<[Option<PeerProcess>]>>,
+    /// Input and output as separate host allocations laid end to end (an in-place
+    /// call: both name them, and `input`/`output` only give their total length).
+    /// The schedule must have been cut at their boundaries
+    /// ([`segments::split_schedule`]): a region that crosses one is refused.
+    pub segments: Option<segments::Segments>,
 }
 
 /// Slack the host scratch is allocated with, from which [`alias_free_offset`]
@@ -129,7 +135,19 @@ impl Buffers {
 
     /// The start of region `r`, bounds-checked: a host pointer, or for a call on
     /// device buffers a device address (in a pointer's clothing).
-    fn ptr(&mut self, r: &Region) -> Result<*mut u8> {
+    pub(crate) fn ptr(&mut self, r: &Region) -> Result<*mut u8> {
+        if let (Some(segs), BufId::Input | BufId::Output) = (&self.segments, r.buf) {
+            return segs.locate(r.offset, r.len).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "schedule region {:?} [{}..{}) is not inside one of the {} parts of {} bytes",
+                    r.buf,
+                    r.offset,
+                    r.end(),
+                    segs.count(),
+                    segs.total()
+                ))
+            });
+        }
         let (base, len) = match r.buf {
             BufId::Input => (self.input as *mut u8, self.input_len),
             BufId::Output => (self.output, self.output_len),

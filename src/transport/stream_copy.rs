@@ -58,7 +58,10 @@ fn class_of(bytes: usize) -> usize {
 /// samples of one would choose for another: `braid perf --algo all` timed the
 /// 16 MiB ring after direct at 4.4 ms with streaming stores chosen on direct's
 /// samples, against 3.2 ms with plain stores (2 ranks).
-pub const PATTERNS: usize = crate::algorithm::Algorithm::ALL.len() + 1;
+pub const PATTERNS: usize = crate::algorithm::Algorithm::ALL.len() + 2;
+/// The pattern of a call on a buffer made of parts (the fuser's tensors where they
+/// lie): many short transfers, whatever the algorithm.
+pub const PARTS_PATTERN: usize = PATTERNS - 1;
 
 /// A switch that a communicator's channels follow and its [`CallTuner`] sets before
 /// each call of at least [`STREAM_MIN_BYTES`]: whether ring writers stream (under
