@@ -26,6 +26,7 @@ mod buckets;
 mod compress;
 mod pipeline;
 pub mod plan;
+mod reply;
 
 pub use buckets::{GradientBuffer, Overlap};
 pub use compress::Compression;
@@ -33,8 +34,9 @@ pub use compress::Compression;
 use std::any::Any;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use reply::{answer_all, reply_slot, Done, Reply};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -172,11 +174,6 @@ impl<T: Element> Tensor for Vec<T> {
     }
 }
 
-// An unbounded channel, though it carries one reply: it allocates a zeroed block
-// per request (5% of a 1,000-tensor fused all-reduce over shm), yet a channel of
-// one slot made the same run slower (8.7-9.1 ms against 11.5-12.9, 2026-11-29).
-type Done = mpsc::Sender<Result<Box<dyn Tensor>>>;
-
 /// One submitted all-reduce.
 struct Request {
     entry: Entry,
@@ -188,7 +185,7 @@ struct Request {
 /// A handle on one fused all-reduce: [`FusedWork::wait`] returns the tensor,
 /// reduced across ranks.
 pub struct FusedWork<T> {
-    rx: mpsc::Receiver<Result<Box<dyn Tensor>>>,
+    rx: Reply,
     done: Option<Result<Box<dyn Tensor>>>,
     _t: PhantomData<fn() -> T>,
 }
@@ -197,9 +194,7 @@ impl<T: Element> FusedWork<T> {
     /// Whether the request has finished (successfully or not). Never blocks.
     pub fn test(&mut self) -> bool {
         if self.done.is_none() {
-            if let Ok(r) = self.rx.try_recv() {
-                self.done = Some(r);
-            }
+            self.done = self.rx.try_take();
         }
         self.done.is_some()
     }
@@ -208,7 +203,7 @@ impl<T: Element> FusedWork<T> {
     pub fn wait(mut self) -> Result<Vec<T>> {
         let r = match self.done.take() {
             Some(r) => r,
-            None => self.rx.recv().unwrap_or_else(|_| Err(Error::Broken("the fuser stopped".into()))),
+            None => self.rx.take(),
         };
         let any = r?.into_any();
         any.downcast::<Vec<T>>()
@@ -319,11 +314,11 @@ impl Fuser {
 
     /// Submit an all-reduce of `tensor` with `op`; the handle gives it back reduced.
     pub fn all_reduce<T: Element>(&self, tensor: Vec<T>, op: ReduceOp) -> FusedWork<T> {
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = reply_slot();
         let entry = Entry { dtype: T::DTYPE, op, bytes: std::mem::size_of_val(tensor.as_slice()) };
         let mut q = self.shared.lock();
         if let Some(e) = &q.broken {
-            let _ = tx.send(Err(e.share()));
+            tx.send(Err(e.share()));
         } else {
             q.submitted += 1;
             q.queued_bytes += entry.bytes;
@@ -452,7 +447,7 @@ impl Packer {
         // What a failure left unanswered gets its error (the rest of `pending` and
         // later requests get it from `fail_all`).
         if let Err(e) = &r {
-            rest.drain(..).for_each(|q| drop(q.done.send(Err(e.share()))));
+            rest.drain(..).for_each(|q| q.done.send(Err(e.share())));
         }
         r
     }
@@ -534,9 +529,7 @@ impl Packer {
                 let span = (t0, Instant::now());
                 self.comm.timeline_span(&format!("bucket {index}"), "fusion", span, Some(("bytes", total as u64)));
             }
-            for (done, reply) in replies {
-                let _ = done.send(reply);
-            }
+            answer_all(replies);
             // The rest of the batch fails with it (in `fail_all`).
             outcome?;
         }
@@ -567,13 +560,13 @@ impl Packer {
             let span = (t0, Instant::now());
             self.comm.timeline_span(&format!("bucket {index}"), "fusion", span, Some(("bytes", total as u64)));
         }
-        for req in run {
+        answer_all(run.into_iter().map(|req| {
             let reply = match &outcome {
                 Ok(()) => Ok(req.tensor),
                 Err(e) => Err(e.share()),
             };
-            let _ = req.done.send(reply);
-        }
+            (req.done, reply)
+        }));
         // The rest of the batch fails with it (in `fail_all`).
         outcome
     }
@@ -586,7 +579,7 @@ impl Packer {
         q.queued_bytes = 0;
         drop(q);
         for r in self.pending.drain(..) {
-            let _ = r.done.send(Err(e.share()));
+            r.done.send(Err(e.share()));
         }
     }
 }

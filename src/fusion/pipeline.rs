@@ -47,7 +47,7 @@ impl Packer {
             }
             if let Some(e) = &first {
                 // No new call after a failure: answer the rest with it.
-                reqs.into_iter().for_each(|q| drop(q.done.send(Err(e.share()))));
+                reqs.into_iter().for_each(|q| q.done.send(Err(e.share())));
                 continue;
             }
             let mut buf = self.spare.pop().unwrap_or_default();
@@ -78,13 +78,11 @@ impl Packer {
                 }
                 // Answered after the whole piece is unpacked, for the reason the
                 // unpipelined path gives (a wake per answer takes the core).
-                for (done, tensor) in replies {
-                    let _ = done.send(Ok(tensor));
-                }
+                super::answer_all(replies.into_iter().map(|(done, tensor)| (done, Ok(tensor))));
                 self.spare.push(buf);
             }
             Err(e) => {
-                reqs.into_iter().for_each(|q| drop(q.done.send(Err(e.share()))));
+                reqs.into_iter().for_each(|q| q.done.send(Err(e.share())));
                 first.get_or_insert(e);
             }
         }
