@@ -189,8 +189,10 @@ pub struct Queues {
 /// `bufs.input` must be valid for reads of `bufs.input_len` bytes and `bufs.output`
 /// for reads and writes of `bufs.output_len` bytes for the whole call, and nothing
 /// else may access them meanwhile (input and output may alias only as the in-place
-/// layouts of the communicator say). Every region the schedule names is bounds-checked
-/// against these lengths; the pointers themselves cannot be.
+/// layouts of the communicator say). With `bufs.segments`, the same holds for every
+/// part instead (the parts of one call never overlap). Every region the schedule
+/// names is bounds-checked against these lengths (or found inside one part); the
+/// pointers themselves cannot be.
 pub unsafe fn execute(
     schedule: &Schedule,
     channels: &mut Channels,

@@ -36,7 +36,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use reply::{answer_all, reply_slot, Done, Reply};
+use reply::{answer_all, reply_slot};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -174,6 +174,10 @@ impl<T: Element> Tensor for Vec<T> {
     }
 }
 
+/// A request's answer: its tensor back, reduced, or why not.
+type Answer = Result<Box<dyn Tensor>>;
+type Done = reply::Done<Answer>;
+
 /// One submitted all-reduce.
 struct Request {
     entry: Entry,
@@ -185,7 +189,7 @@ struct Request {
 /// A handle on one fused all-reduce: [`FusedWork::wait`] returns the tensor,
 /// reduced across ranks.
 pub struct FusedWork<T> {
-    rx: Reply,
+    rx: reply::Reply<Answer>,
     done: Option<Result<Box<dyn Tensor>>>,
     _t: PhantomData<fn() -> T>,
 }
@@ -194,7 +198,7 @@ impl<T: Element> FusedWork<T> {
     /// Whether the request has finished (successfully or not). Never blocks.
     pub fn test(&mut self) -> bool {
         if self.done.is_none() {
-            self.done = self.rx.try_take();
+            self.done = self.rx.try_take().map(|a| a.unwrap_or_else(|reply::Stopped| Err(stopped())));
         }
         self.done.is_some()
     }
@@ -203,13 +207,18 @@ impl<T: Element> FusedWork<T> {
     pub fn wait(mut self) -> Result<Vec<T>> {
         let r = match self.done.take() {
             Some(r) => r,
-            None => self.rx.take(),
+            None => self.rx.take().unwrap_or_else(|reply::Stopped| Err(stopped())),
         };
         let any = r?.into_any();
         any.downcast::<Vec<T>>()
             .map(|b| *b)
             .map_err(|_| Error::Broken("a fused tensor came back with another type".into()))
     }
+}
+
+/// What a request whose answer will never come gets.
+fn stopped() -> Error {
+    Error::Broken("the fuser stopped".into())
 }
 
 /// Requests not yet taken by the fuser's thread, and what it should do.
