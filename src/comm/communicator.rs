@@ -454,10 +454,11 @@ impl Communicator {
 
     /// One in-place all-reduce of `parts` (bytes of `dtype`) taken as a single
     /// buffer laid end to end: every rank passes parts of the same lengths in the
-    /// same order. Where the chosen algorithm allows it (ring, direct, doubling,
-    /// halving-doubling) the data moves straight between the parts, with no packing
-    /// into one buffer; otherwise they are packed and unpacked around the call.
-    /// This is how the fuser all-reduces a bucket of separately allocated tensors.
+    /// same order. On one host, where the chosen algorithm allows it (the ring,
+    /// halving-doubling, the 2-rank tree) the data moves straight between the parts,
+    /// with no packing into one buffer; otherwise they are packed and unpacked
+    /// around the call. This is how the fuser all-reduces a bucket of separately
+    /// allocated tensors.
     pub fn all_reduce_parts(&self, parts: &mut [&mut [u8]], dtype: DType, op: ReduceOp) -> Result<()> {
         self.core.all_reduce_parts_at(self.core.shared.take_ticket(), (dtype, op), parts)
     }

@@ -458,10 +458,11 @@ impl Engine {
     pub(super) fn all_reduce_segments(&mut self, sig: CallSig, segs: Segments) -> Result<()> {
         let schedule = self.schedule(&sig, self.agrees(&sig), self.pricing(None))?;
         // Across hosts the parts' many short frames cost a send each on the
-        // sockets, about what packing costs (1,000 tensors of 1-64 KiB over TCP:
-        // 21.5 ms on the parts, 20.6 packed); within a host they go through memory
-        // (shm: 6-7 ms on the parts, 12 packed; results/fusion-2026-11-29.md). The
-        // hosts are agreed, so every rank chooses alike.
+        // sockets, about what packing costs (the fuser's 1,000 tensors of 1-64 KiB
+        // over TCP: 21.4-21.6 ms on the parts, 20.4-20.8 packed); within a host they
+        // go through memory (shm: 4.7-5.0 ms on the parts, 13-16 packed;
+        // results/fusion-2026-11-29.md). The hosts are agreed, so every rank
+        // chooses alike.
         let one_host = self.hosts.iter().all(|&h| h == self.hosts[0]);
         if one_host && segments::runs_on_segments(schedule.algorithm, self.world) {
             let cut = segments::split_schedule(&schedule, &segs);

@@ -35,8 +35,6 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-
-use reply::{answer_all, reply_slot};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -46,6 +44,7 @@ use crate::error::{Error, Result};
 use crate::transport::TransportKind;
 use crate::types::{CallSig, Element, OpKind, ReduceOp};
 use plan::Entry;
+use reply::{answer_all, reply_slot};
 
 /// How a [`Fuser`] buckets (`BRAID_FUSION_BYTES`, `BRAID_FUSION_CYCLE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
